@@ -1,0 +1,137 @@
+"""The `vcloud` command line: one subcommand per pipeline step; rules call nothing else.
+
+Every command exits 0 on success. A VcloudError becomes one line on stderr naming the file
+or key and what is wrong, and exit status 2; the command leaves no partial output behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from vcloud import __version__
+from vcloud.errors import VcloudError
+
+log = logging.getLogger("vcloud")
+
+
+def _cmd_synth(args: argparse.Namespace) -> None:
+    from vcloud.data.layout import parse_roi
+    from vcloud.data.synthetic import default_rois, write_raw_tree
+
+    rois = [parse_roi(text) for text in args.roi] if args.roi else default_rois(args.rois)
+    write_raw_tree(
+        args.out,
+        rois=rois,
+        patches=args.patches,
+        times=args.times,
+        size=args.size,
+        seed=args.seed,
+    )
+
+
+def _cmd_prepare(args: argparse.Namespace) -> None:
+    from vcloud.data.clouds import CloudThresholds
+    from vcloud.data.layout import parse_roi
+    from vcloud.data.prepare import prepare_roi
+
+    prepare_roi(
+        raw=args.raw,
+        roi=parse_roi(args.roi),
+        out=args.out,
+        on_bad_image=args.on_bad_image,
+        times=args.times,
+        size=args.size,
+        thresholds=CloudThresholds(
+            clear_max_cover=args.clear_max_cover,
+            thick_min_prob=args.thick_min_prob,
+            opaque_min_cover=args.opaque_min_cover,
+        ),
+        wind_table=args.wind,
+    )
+
+
+def _cmd_assemble(args: argparse.Namespace) -> None:
+    from vcloud.data.store import assemble
+
+    assemble(args.stores, args.out)
+
+
+def _cmd_wind_cache(args: argparse.Namespace) -> None:
+    from vcloud.wind.cache import write_cache
+
+    write_cache(
+        args.out,
+        grid_h=args.grid_h,
+        grid_w=args.grid_w,
+        sectors=args.sectors,
+        regions=tuple(args.regions),
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from vcloud.constants import N_TIMES, PATCH_SIZE
+    from vcloud.data.clouds import CloudThresholds
+
+    parser = argparse.ArgumentParser(prog="vcloud", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"vcloud {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("synth", help="write a synthetic raw tree in the real SEN12MS-CR-TS layout")
+    p.add_argument("--out", type=Path, required=True, help="raw root to create")
+    p.add_argument("--rois", type=int, default=4, help="number of ROIs (default names)")
+    p.add_argument("--roi", action="append", help="explicit ROI name ROIsXXXX/NNN (repeatable)")
+    p.add_argument("--patches", type=int, default=4, help="patches (locations) per ROI")
+    p.add_argument("--times", type=int, default=N_TIMES, help="dates per location")
+    p.add_argument("--size", type=int, default=PATCH_SIZE, help="pixels per side")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_synth)
+
+    p = sub.add_parser("prepare", help="one raw ROI -> a prepared zarr store")
+    p.add_argument("--raw", type=Path, required=True, help="raw SEN12MS-CR-TS root")
+    p.add_argument("--roi", required=True, help="ROIsXXXX/NNN")
+    p.add_argument("--out", type=Path, required=True, help="FILE.zarr to write")
+    p.add_argument("--on-bad-image", choices=("fail", "skip"), default="fail")
+    p.add_argument("--times", type=int, default=N_TIMES, help="expected dates per location")
+    p.add_argument("--size", type=int, default=PATCH_SIZE, help="expected pixels per side")
+    p.add_argument("--wind", type=Path, help="optional wind table (CSV: rois,roi,date,u,v)")
+    defaults = CloudThresholds()
+    p.add_argument("--clear-max-cover", type=float, default=defaults.clear_max_cover)
+    p.add_argument("--thick-min-prob", type=float, default=defaults.thick_min_prob)
+    p.add_argument("--opaque-min-cover", type=float, default=defaults.opaque_min_cover)
+    p.set_defaults(func=_cmd_prepare)
+
+    p = sub.add_parser("assemble", help="gather per-ROI stores into one split store")
+    p.add_argument("--out", type=Path, required=True, help="FILE.zarr to write")
+    p.add_argument("stores", type=Path, nargs="+", help="per-ROI stores")
+    p.set_defaults(func=_cmd_assemble)
+
+    p = sub.add_parser("wind-cache", help="precompute the wind-scanner orders into an npz file")
+    p.add_argument("--out", type=Path, required=True, help="FILE.npz to write")
+    p.add_argument("--grid-h", type=int, default=64)
+    p.add_argument("--grid-w", type=int, default=128)
+    p.add_argument("--sectors", type=int, default=16)
+    p.add_argument("--regions", type=int, nargs=2, default=(32, 32), metavar=("RH", "RW"))
+    p.set_defaults(func=_cmd_wind_cache)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        args.func(args)
+    except VcloudError as err:
+        print(f"vcloud {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

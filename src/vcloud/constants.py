@@ -1,0 +1,31 @@
+"""Facts about SEN12MS-CR-TS and the prepared store, defined once for the whole package."""
+
+from __future__ import annotations
+
+# Sentinel-2 L1C bands in file order (13); s2cloudless expects exactly this order.
+S2_BANDS: tuple[str, ...] = (
+    "B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B8A", "B9", "B10", "B11", "B12",
+)  # fmt: skip
+# Sentinel-1 GRD backscatter in dB.
+S1_BANDS: tuple[str, ...] = ("VV", "VH")
+# Index of the true-colour bands inside S2_BANDS.
+RGB_INDICES: tuple[int, int, int] = (3, 2, 1)  # B4, B3, B2
+
+N_TIMES = 30  # dates per location in the dataset
+PATCH_SIZE = 256  # pixels per side of a raw patch
+ROIS_FOLDERS: tuple[str, ...] = ("ROIs1158", "ROIs1868", "ROIs1970", "ROIs2017")
+
+# Normalisation of the reference loader (UnCRtainTS): S2 clipped to 0..10000 then /10000;
+# S1 clipped to -25..0 dB then rescaled to 0..1; NaN -> 0 after scaling.
+S2_SCALE = 10000.0
+S2_CLIP = (0.0, 10000.0)
+S1_CLIP_DB = (-25.0, 0.0)
+
+# Cloud detection as in the reference loader.
+S2CLOUDLESS_KWARGS = {"threshold": 0.4, "all_bands": True, "average_over": 4, "dilation_size": 2}
+
+CLOUD_CLASSES: tuple[str, ...] = ("clear", "thin", "thick", "opaque")
+CLOUD_CLASS_MISSING = -1  # cloud_class value of an image that is missing or bad
+
+STORE_FORMAT_VERSION = 1
+SPLITS: tuple[str, ...] = ("train", "val", "test")
