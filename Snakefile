@@ -1,0 +1,24 @@
+# vcloud: multi-temporal cloud removal on SEN12MS-CR-TS, from a laptop to LUMI.
+# Laptop: `snakemake --cores all` (embedded default config, synthetic data, CPU).
+from snakemake.utils import min_version
+
+from vcloud.config import validate_config
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+# One line naming the offending key, before any rule is built.
+validate_config(config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        get_final_outputs(),

@@ -1,0 +1,222 @@
+"""One raw ROI -> one prepared store (results/prepared/rois/{roi}.zarr) and its bad-file list.
+
+Policy for bad input (`on_bad_image`):
+- fail: the first problem raises one line naming the file and what is wrong; nothing is written.
+- skip: bad images are marked missing (valid_s1/valid_s2 False), listed with their reason in
+  {roi}.bad.tsv beside the store, and every good image is kept.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import logging
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from vcloud.constants import CLOUD_CLASS_MISSING, S1_BANDS, S1_CLIP_DB, S2_BANDS
+from vcloud.data.clouds import CloudThresholds, cloud_cover_and_class, cloud_mask, cloud_probability
+from vcloud.data.geotiff import NO_GEOREF, BadImageError, GeoRef, read_image
+from vcloud.data.layout import Problem, RoiId, scan_roi
+from vcloud.data.store import (
+    atomic_output,
+    location_id,
+    open_store,
+    store_attrs,
+    summary,
+    summary_line,
+    write_locations,
+)
+from vcloud.errors import BadInputError
+
+log = logging.getLogger(__name__)
+
+BAD_TSV_HEADER = ("path", "kind", "patch", "t", "reason")
+
+
+def bad_tsv_path(store: Path) -> Path:
+    """results/prepared/rois/ROIs1868_119.zarr -> results/prepared/rois/ROIs1868_119.bad.tsv"""
+    store = Path(store)
+    return store.with_name(store.name.removesuffix(".zarr") + ".bad.tsv")
+
+
+def prepare_roi(
+    *,
+    raw: Path,
+    roi: RoiId,
+    out: Path,
+    on_bad_image: str = "fail",
+    times: int = 30,
+    size: int = 256,
+    thresholds: CloudThresholds = CloudThresholds(),
+    wind_table: Path | None = None,
+) -> dict:
+    """Prepare one ROI; returns the summary counts that are also logged."""
+    if on_bad_image not in ("fail", "skip"):
+        raise BadInputError(f"on_bad_image: '{on_bad_image}' is not one of fail, skip")
+    raw, out = Path(raw), Path(out)
+    if not raw.is_dir():
+        raise BadInputError(f"{raw}: raw dataset folder not found")
+    scan = scan_roi(raw, roi, times=times)
+    problems = list(scan.problems)
+    _fail_on(problems, on_bad_image)
+    wind = _read_wind_table(wind_table, roi) if wind_table else None
+    options = {
+        "roi": str(roi),
+        "on_bad_image": on_bad_image,
+        "times": times,
+        "size": size,
+        "cloud_thresholds": asdict(thresholds),
+        "wind_table": str(wind_table) if wind_table else None,
+    }
+    attrs = store_attrs(source=f"SEN12MS-CR-TS raw tree {raw.resolve()}", options=options)
+
+    def locations():
+        for patch in tqdm(scan.patches, desc=str(roi), unit="loc", disable=None):
+            new_problems: list[Problem] = []
+            ds = _prepare_location(raw, scan, patch, size, thresholds, wind, new_problems)
+            problems.extend(new_problems)
+            _fail_on(new_problems, on_bad_image)
+            ds.attrs = attrs
+            yield ds
+
+    bad_tsv = bad_tsv_path(out)
+    with atomic_output(out) as tmp_store, atomic_output(bad_tsv) as tmp_tsv:
+        write_locations(locations(), tmp_store)
+        _write_bad_tsv(tmp_tsv, problems)
+        counts = summary(open_store(tmp_store))
+    counts["bad_files"] = len(problems)
+    log.info(summary_line(f"prepared {roi}", counts))
+    return counts
+
+
+def _fail_on(problems: list[Problem], policy: str) -> None:
+    if problems and policy == "fail":
+        first = problems[0]
+        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+        raise BadInputError(f"{first.path}: {first.reason}{more}")
+
+
+def _prepare_location(raw, scan, patch, size, thresholds, wind, problems):
+    import xarray as xr
+
+    times = scan.times
+    s2 = np.zeros((times, len(S2_BANDS), size, size), np.uint16)
+    s1 = np.full((times, len(S1_BANDS), size, size), S1_CLIP_DB[0], np.float32)
+    valid = {"s1": np.zeros(times, bool), "s2": np.zeros(times, bool)}
+    dates = {"s1": np.full(times, np.datetime64("NaT"), "datetime64[ns]"), "s2": None}
+    dates["s2"] = dates["s1"].copy()
+    nan_pixels = np.zeros(times, np.int32)
+    georef: GeoRef | None = None
+    specs = {"s2": (len(S2_BANDS), np.uint16), "s1": (len(S1_BANDS), np.float32)}
+    for t in range(times):
+        for kind, name in sorted(scan.images.get((patch, t), {}).items()):
+            path = name.path(raw)
+            bands, dtype = specs[kind]
+            try:
+                data, image_georef = read_image(path, bands=bands, size=size, dtype=dtype)
+                if kind == "s1":
+                    data, nans = _clean_s1(data)
+                    nan_pixels[t] = nans
+            except BadImageError as err:
+                problems.append(Problem(str(path), str(err), kind=kind, patch=patch, t=t))
+                continue
+            (s2 if kind == "s2" else s1)[t] = data
+            valid[kind][t] = True
+            dates[kind][t] = np.datetime64(name.date, "ns")
+            if georef is None or kind == "s2":
+                georef = georef if georef is not None and georef != NO_GEOREF else image_georef
+
+    prob = np.full((times, size, size), np.nan, np.float32)
+    cover = np.full(times, np.nan, np.float32)
+    classes = np.full(times, CLOUD_CLASS_MISSING, np.int8)
+    good = np.flatnonzero(valid["s2"])
+    if len(good):
+        prob[good] = cloud_probability(s2[good])
+        cover[good], classes[good] = cloud_cover_and_class(prob[good], cloud_mask(prob[good]), thresholds)
+
+    georef = georef or NO_GEOREF
+    loc = {"location": np.array([location_id(scan.roi.rois, scan.roi.roi, patch)], dtype=object)}
+    two = ("location", "time")
+    data_vars = {
+        "s2": (("location", "time", "band_s2", "y", "x"), s2[None]),
+        "s1": (("location", "time", "band_s1", "y", "x"), s1[None]),
+        "cloud_prob": (("location", "time", "y", "x"), prob[None]),
+        "cloud_cover": (two, cover[None]),
+        "cloud_class": (two, classes[None]),
+        "valid_s2": (two, valid["s2"][None]),
+        "valid_s1": (two, valid["s1"][None]),
+        "s1_nan_pixels": (two, nan_pixels[None]),
+        "date_s2": (two, dates["s2"][None]),
+        "date_s1": (two, dates["s1"][None]),
+        "crs": (("location",), np.array([georef.crs], dtype=object)),
+        "transform": (("location", "gt"), np.array([georef.transform], np.float64)),
+    }
+    if wind is not None:
+        u, v = _wind_at(wind, dates["s2"])
+        data_vars["wind_u"] = (two, u[None])
+        data_vars["wind_v"] = (two, v[None])
+    coords = {
+        **loc,
+        "rois": ("location", np.array([scan.roi.rois], dtype=object)),
+        "roi": ("location", np.array([scan.roi.roi], np.int32)),
+        "patch": ("location", np.array([patch], np.int32)),
+        "time": np.arange(times, dtype=np.int16),
+        "band_s2": np.array(S2_BANDS, dtype=object),
+        "band_s1": np.array(S1_BANDS, dtype=object),
+    }
+    return xr.Dataset(data_vars, coords=coords)
+
+
+def _clean_s1(data: np.ndarray) -> tuple[np.ndarray, int]:
+    """NaN -> clip floor (counted, as the reference loader tolerates them); inf is an error."""
+    if np.isinf(data).any():
+        raise BadImageError(f"{int(np.isinf(data).sum())} infinite pixels")
+    nans = np.isnan(data)
+    if nans.all():
+        raise BadImageError("every pixel is NaN")
+    count = int(nans.sum())
+    if count:
+        data = np.where(nans, np.float32(S1_CLIP_DB[0]), data)
+    return data, count
+
+
+def _read_wind_table(path: Path, roi: RoiId) -> dict[np.datetime64, tuple[float, float]]:
+    """Wind per date for one ROI from a CSV with columns rois,roi,date,u,v."""
+    path = Path(path)
+    if not path.is_file():
+        raise BadInputError(f"{path}: wind table not found")
+    table = {}
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = {"rois", "roi", "date", "u", "v"} - set(reader.fieldnames or ())
+        if missing:
+            raise BadInputError(f"{path}: wind table lacks column(s) {', '.join(sorted(missing))}")
+        for line, row in enumerate(reader, start=2):
+            try:
+                if row["rois"] == roi.rois and int(row["roi"]) == roi.roi:
+                    date = np.datetime64(dt.date.fromisoformat(row["date"]), "ns")
+                    table[date] = (float(row["u"]), float(row["v"]))
+            except ValueError as err:
+                raise BadInputError(f"{path}:{line}: {err}") from None
+    return table
+
+
+def _wind_at(table, dates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    u = np.full(len(dates), np.nan, np.float32)
+    v = np.full(len(dates), np.nan, np.float32)
+    for t, date in enumerate(dates):
+        if not np.isnat(date) and date in table:
+            u[t], v[t] = table[date]
+    return u, v
+
+
+def _write_bad_tsv(path: Path, problems: list[Problem]) -> None:
+    with Path(path).open("w", newline="") as handle:
+        writer = csv.writer(handle, delimiter="\t", lineterminator="\n")
+        writer.writerow(BAD_TSV_HEADER)
+        for p in problems:
+            writer.writerow((p.path, p.kind, "" if p.patch is None else p.patch, "" if p.t is None else p.t, p.reason))

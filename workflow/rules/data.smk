@@ -1,0 +1,79 @@
+# Raw SEN12MS-CR-TS (or its synthetic stand-in) -> per-ROI zarr stores -> split stores.
+
+
+rule synth_raw:
+    output:
+        raw=directory(PATHS["synthetic_raw"]),
+    log:
+        "logs/synth_raw/synth_raw.log",
+    benchmark:
+        "benchmarks/synth_raw/synth_raw.tsv"
+    conda:
+        "../../envs/vcloud.yaml"
+    threads: get_resources("synth_raw")["threads"]
+    resources:
+        runtime=get_resources("synth_raw")["runtime"],
+        mem_mb=get_resources("synth_raw")["mem_mb"],
+    params:
+        rois=" ".join(f"--roi {roi}" for roi in config["synthetic"]["rois"]),
+        patches=config["synthetic"]["patches"],
+        times=DATA["times"],
+        size=DATA["patch_size"],
+        seed=config["synthetic"]["seed"],
+    shell:
+        "vcloud synth --out {output.raw} {params.rois} --patches {params.patches}"
+        " --times {params.times} --size {params.size} --seed {params.seed} > {log} 2>&1"
+
+
+rule prepare_roi:
+    input:
+        unpack(get_prepare_input),
+    output:
+        store=directory(f"{PREPARED}/rois/{{roi}}.zarr"),
+        bad=f"{PREPARED}/rois/{{roi}}.bad.tsv",
+    log:
+        "logs/prepare_roi/{roi}.log",
+    benchmark:
+        "benchmarks/prepare_roi/{roi}.tsv"
+    conda:
+        "../../envs/vcloud.yaml"
+    threads: get_resources("prepare_roi")["threads"]
+    resources:
+        runtime=get_resources("prepare_roi")["runtime"],
+        mem_mb=get_resources("prepare_roi")["mem_mb"],
+    params:
+        raw=get_raw_dir(),
+        roi=lambda wildcards: str(parse_roi(wildcards.roi)),
+        policy=DATA["on_bad_image"],
+        times=DATA["times"],
+        size=DATA["patch_size"],
+        wind=f"--wind {get_wind_table()}" if get_wind_table() else "",
+        clouds=" ".join(
+            f"--{key.replace('_', '-')} {value}"
+            for key, value in DATA["cloud_classes"].items()
+        ),
+    shell:
+        "vcloud prepare --raw {params.raw} --roi {params.roi} --out {output.store}"
+        " --on-bad-image {params.policy} --times {params.times} --size {params.size}"
+        " {params.wind} {params.clouds} > {log} 2>&1"
+
+
+rule assemble_split:
+    input:
+        lambda wildcards: [
+            get_prepared_roi(roi) for roi in get_split_rois(wildcards.split)
+        ],
+    output:
+        store=directory(f"{PREPARED}/{{split}}.zarr"),
+    log:
+        "logs/assemble_split/{split}.log",
+    benchmark:
+        "benchmarks/assemble_split/{split}.tsv"
+    conda:
+        "../../envs/vcloud.yaml"
+    threads: get_resources("assemble_split")["threads"]
+    resources:
+        runtime=get_resources("assemble_split")["runtime"],
+        mem_mb=get_resources("assemble_split")["mem_mb"],
+    shell:
+        "vcloud assemble --out {output.store} {input} > {log} 2>&1"
