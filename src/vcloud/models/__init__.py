@@ -1,0 +1,1 @@
+"""Model building blocks: torch and einops only, no file I/O, nothing runs on import."""

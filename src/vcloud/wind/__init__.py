@@ -1,0 +1,1 @@
+"""Wind-following scan orders: precomputed once to an npz file that every DDP rank reads."""

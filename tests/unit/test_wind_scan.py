@@ -1,0 +1,129 @@
+"""WindScanMixing: gather into the sector's order, mix along it, scatter back to the grid."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from vcloud.models.wind_scan import WindScanMixing
+from vcloud.wind.cache import compute_cache
+
+B, C = 3, 8
+
+
+class AddPosition(nn.Module):
+    """Stand-in mixer: adds each token's position along the scanned sequence."""
+
+    def forward(self, seq: torch.Tensor) -> torch.Tensor:  # (B, N, C)
+        position = torch.arange(seq.shape[1], dtype=seq.dtype, device=seq.device)
+        return seq + position[None, :, None]
+
+
+class Identity(nn.Module):
+    def forward(self, seq: torch.Tensor) -> torch.Tensor:
+        return seq
+
+
+@pytest.fixture(scope="module")
+def cache():
+    return compute_cache(grid_h=4, grid_w=8, sectors=8, regions=(2, 2))
+
+
+def make(cache, **kwargs) -> WindScanMixing:
+    torch.manual_seed(0)
+    return WindScanMixing(
+        C,
+        orders=torch.from_numpy(cache.orders),
+        inverse=torch.from_numpy(cache.inverse),
+        **kwargs,
+    )
+
+
+def test_output_shape(cache):
+    module = make(cache, kernel_size=3, mlp_ratio=1.5)
+    tokens = torch.randn(B, 32, C)
+    out = module(tokens, torch.tensor([0, 3, -1]))
+    assert out.shape == (B, 32, C)
+    assert torch.isfinite(out).all()
+
+
+def test_no_reorder_equals_identity_order():
+    n = 6
+    identity = torch.arange(n).expand(2, n)  # sector 0 is the row-major order
+    shuffled = torch.tensor([3, 1, 5, 0, 2, 4])
+    orders = torch.stack([identity[0], shuffled])
+    inverse = torch.argsort(orders, dim=1)
+    torch.manual_seed(0)
+    module = WindScanMixing(C, orders=orders, inverse=inverse)
+    tokens = torch.randn(2, n, C)
+    torch.testing.assert_close(
+        module(tokens, torch.tensor([-1, -1])), module(tokens, torch.tensor([0, 0]))
+    )
+    assert not torch.allclose(
+        module(tokens, torch.tensor([-1, -1])), module(tokens, torch.tensor([1, 1]))
+    )
+
+
+def test_tokens_return_to_their_grid_positions(cache):
+    module = make(cache)
+    module.mixer = Identity()
+    tokens = torch.randn(B, 32, C)
+    for sector in range(-1, 8):
+        out = module(tokens, torch.full((B,), sector))
+        assert torch.equal(out, tokens), sector
+
+
+def test_mixing_happens_along_the_scan_order(cache):
+    # With a mixer that adds the scan position, grid patch g gains its position in the
+    # order, i.e. inverse[s, g]; -1 keeps row-major positions.
+    module = make(cache)
+    module.mixer = AddPosition()
+    tokens = torch.zeros(B, 32, C)
+    sectors = torch.tensor([2, -1, 5])
+    out = module(tokens, sectors)  # (B, N, C)
+    inverse = torch.from_numpy(cache.inverse).float()
+    torch.testing.assert_close(out[0, :, 0], inverse[2])
+    torch.testing.assert_close(out[1, :, 0], torch.arange(32.0))
+    torch.testing.assert_close(out[2, :, 0], inverse[5])
+    # North (sector 2 of 8): the bottom-left patch (row 3, col 0 = index 24) is scanned first.
+    assert out[0, 24, 0] == 0
+
+
+def test_batch_of_mixed_sectors_equals_samples_one_by_one(cache):
+    module = make(cache)
+    tokens = torch.randn(B, 32, C)
+    sectors = torch.tensor([1, -1, 6])
+    batched = module(tokens, sectors)
+    for b in range(B):
+        torch.testing.assert_close(
+            batched[b : b + 1], module(tokens[b : b + 1], sectors[b : b + 1])
+        )
+
+
+def test_gradients_flow(cache):
+    module = make(cache)
+    tokens = torch.randn(B, 32, C, requires_grad=True)
+    module(tokens, torch.tensor([0, 4, -1])).square().sum().backward()
+    assert tokens.grad is not None and tokens.grad.abs().sum() > 0
+    for name, param in module.named_parameters():
+        assert param.grad is not None and param.grad.abs().sum() > 0, name
+
+
+def test_orders_are_buffers_not_checkpoint_state(cache):
+    module = make(cache)
+    assert {"orders", "inverse"} <= {name for name, _ in module.named_buffers()}
+    assert not any(key.endswith(("orders", "inverse")) for key in module.state_dict())
+    assert module.orders.dtype == torch.long
+
+
+def test_bad_orders_and_sectors_are_refused(cache):
+    with pytest.raises(AssertionError, match="inverse"):
+        WindScanMixing(C, orders=torch.tensor([[0, 1, 2]]), inverse=torch.tensor([[1, 0, 2]]))
+    with pytest.raises(AssertionError, match="set_orders"):
+        WindScanMixing(C)(torch.randn(1, 3, C), torch.tensor([0]))
+    module = make(cache)
+    with pytest.raises(ValueError, match="-1..7"):
+        module(torch.randn(1, 32, C), torch.tensor([8]))
+    with pytest.raises(AssertionError, match="32 patches"):
+        module(torch.randn(1, 16, C), torch.tensor([0]))
