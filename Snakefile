@@ -7,7 +7,7 @@ from vcloud.config import validate_config
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+configfile: f"{workflow.basedir}/config/config.yaml"
 
 
 # One line naming the offending key, before any rule is built.

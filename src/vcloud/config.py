@@ -37,15 +37,3 @@ def validate_config(config: dict, schema_path: Path, *, source: str = "config") 
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
     raise ConfigError(f"{source}: {message}{more}")
 
-
-def load_yaml(path: Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: configuration file not found")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: top level must be a mapping of keys")
-    return data

@@ -110,7 +110,7 @@ def _prepare_location(raw, scan, patch, size, thresholds, wind, problems):
     dates = {"s1": np.full(times, np.datetime64("NaT"), "datetime64[ns]"), "s2": None}
     dates["s2"] = dates["s1"].copy()
     nan_pixels = np.zeros(times, np.int32)
-    georef: GeoRef | None = None
+    georefs: dict[str, GeoRef] = {}  # first georeferenced image of each kind
     specs = {"s2": (len(S2_BANDS), np.uint16), "s1": (len(S1_BANDS), np.float32)}
     for t in range(times):
         for kind, name in sorted(scan.images.get((patch, t), {}).items()):
@@ -127,8 +127,8 @@ def _prepare_location(raw, scan, patch, size, thresholds, wind, problems):
             (s2 if kind == "s2" else s1)[t] = data
             valid[kind][t] = True
             dates[kind][t] = np.datetime64(name.date, "ns")
-            if georef is None or kind == "s2":
-                georef = georef if georef is not None and georef != NO_GEOREF else image_georef
+            if image_georef != NO_GEOREF:
+                georefs.setdefault(kind, image_georef)
 
     prob = np.full((times, size, size), np.nan, np.float32)
     cover = np.full(times, np.nan, np.float32)
@@ -138,7 +138,7 @@ def _prepare_location(raw, scan, patch, size, thresholds, wind, problems):
         prob[good] = cloud_probability(s2[good])
         cover[good], classes[good] = cloud_cover_and_class(prob[good], cloud_mask(prob[good]), thresholds)
 
-    georef = georef or NO_GEOREF
+    georef = georefs.get("s2") or georefs.get("s1") or NO_GEOREF
     loc = {"location": np.array([location_id(scan.roi.rois, scan.roi.roi, patch)], dtype=object)}
     two = ("location", "time")
     data_vars = {

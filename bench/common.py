@@ -1,0 +1,37 @@
+"""Shared set-up for the data benchmarks: one synthetic ROI at full patch size, prepared once."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+
+from vcloud.data.layout import RoiId
+
+ROI = RoiId("ROIs1158", 119)
+
+
+def make_raw(workdir: Path, *, patches: int, times: int, size: int) -> Path:
+    from vcloud.data.synthetic import write_raw_tree
+
+    raw = workdir / f"raw_{patches}x{times}x{size}"
+    if not (raw / ROI.rois).is_dir():
+        write_raw_tree(raw, rois=[ROI], patches=patches, times=times, size=size, seed=0)
+    return raw
+
+
+def raw_files(raw: Path) -> list[Path]:
+    return sorted((raw / ROI.rois / str(ROI.roi)).glob("S[12]/*/*.tif"))
+
+
+def machine() -> dict:
+    import os
+
+    return {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()}
+
+
+def emit(result: dict) -> None:
+    result["date"] = time.strftime("%Y-%m-%d")
+    result.update(machine())
+    print(json.dumps(result, indent=2))

@@ -1,0 +1,30 @@
+"""Shared fixtures: tiny raw trees made by the project's own synthetic generator."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from vcloud.data.layout import RoiId
+
+TINY = {"patches": 2, "times": 4, "size": 32, "seed": 3}
+TINY_ROIS = [RoiId("ROIs1868", 119), RoiId("ROIs1158", 119)]
+
+
+@pytest.fixture(scope="session")
+def tiny_raw_master(tmp_path_factory) -> Path:
+    from vcloud.data.synthetic import write_raw_tree
+
+    root = tmp_path_factory.mktemp("raw") / "sen12mscrts"
+    write_raw_tree(root, rois=TINY_ROIS, **TINY)
+    return root
+
+
+@pytest.fixture
+def tiny_raw(tiny_raw_master, tmp_path) -> Path:
+    """A private copy of the tiny raw tree that a test may damage."""
+    copy = tmp_path / "raw"
+    shutil.copytree(tiny_raw_master, copy)
+    return copy

@@ -1,0 +1,48 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vcloud.config import validate_config
+from vcloud.errors import ConfigError
+
+ROOT = Path(__file__).parents[2]
+SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
+
+
+@pytest.fixture
+def config():
+    return yaml.safe_load((ROOT / "config/config.yaml").read_text())
+
+
+def test_default_config_is_valid(config):
+    validate_config(config, SCHEMA)
+
+
+def test_unknown_key_is_named(config):
+    config["data"]["timez"] = 3
+    with pytest.raises(ConfigError, match=r"unknown key data\.timez"):
+        validate_config(config, SCHEMA)
+
+
+def test_missing_key_is_named(config):
+    del config["data"]["cloud_classes"]["thick_min_prob"]
+    with pytest.raises(ConfigError, match=r"missing key data\.cloud_classes\.thick_min_prob"):
+        validate_config(config, SCHEMA)
+
+
+def test_mistyped_key_is_named(config):
+    config["data"]["times"] = "thirty"
+    with pytest.raises(ConfigError, match=r"key data\.times: 'thirty' is not of type 'integer'"):
+        validate_config(config, SCHEMA)
+
+
+def test_bad_roi_name_and_policy_are_named(config):
+    config["data"]["splits"]["val"] = ["2017/22"]
+    with pytest.raises(ConfigError, match=r"data\.splits\.val\.0"):
+        validate_config(config, SCHEMA)
+    config["data"]["splits"]["val"] = []
+    config["data"]["on_bad_image"] = "ignore"
+    with pytest.raises(ConfigError, match=r"data\.on_bad_image"):
+        validate_config(config, SCHEMA)
+

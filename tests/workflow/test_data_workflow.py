@@ -1,0 +1,102 @@
+"""The data part of the DAG through the snakemake command line, as a user runs it."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from vcloud.data.store import open_store
+
+ROOT = Path(__file__).parents[2]
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile")]
+pytestmark = pytest.mark.workflow
+
+SMALL = {"data": {"patch_size": 32}, "synthetic": {"patches": 2}}
+
+
+def run(args, cwd, check=True):
+    proc = subprocess.run([*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def test_lint_is_clean():
+    proc = run(["--lint"], cwd=ROOT)
+    assert "Congratulations, your workflow is in a good condition" in proc.stdout + proc.stderr
+
+
+def test_snakefmt_is_clean():
+    files = [ROOT / "Snakefile", *sorted((ROOT / "workflow/rules").glob("*.smk"))]
+    proc = subprocess.run([sys.executable, "-m", "snakefmt", "--check", *map(str, files)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_bad_config_key_stops_the_dry_run_with_its_name(tmp_path):
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"data": {"on_bad_imagee": "skip"}}))
+    proc = run(["-n", "--configfile", "bad.yaml", "-d", str(tmp_path)], cwd=tmp_path, check=False)
+    assert proc.returncode != 0
+    assert "unknown key data.on_bad_imagee" in proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def data_run(tmp_path_factory):
+    work = tmp_path_factory.mktemp("wf")
+    (work / "small.yaml").write_text(yaml.safe_dump(SMALL))
+    dry = run(["-n", "--configfile", "small.yaml", "-d", str(work)], cwd=work)
+    real = run(["--cores", "2", "--configfile", "small.yaml", "-d", str(work)], cwd=work)
+    return work, dry, real
+
+
+def test_dry_run_plans_one_prepare_job_per_roi(data_run):
+    _, dry, _ = data_run
+    text = dry.stdout + dry.stderr
+    for rule, count in (("synth_raw", 1), ("prepare_roi", 4), ("assemble_split", 3)):
+        assert any(line.split() == [rule, str(count)] for line in text.splitlines()), text[-2000:]
+
+
+def test_data_part_writes_split_stores_logs_and_benchmarks(data_run):
+    work, _, _ = data_run
+    expected = {"train": ["ROIs1158_119", "ROIs1970_22"], "val": ["ROIs2017_22"], "test": ["ROIs1868_119"]}
+    for split, rois in expected.items():
+        ds = open_store(work / f"results/prepared/{split}.zarr")
+        assert sorted({loc.rsplit("_p", 1)[0] for loc in ds["location"].values}) == rois
+        assert ds.sizes["time"] == 30 and ds.sizes["y"] == 32
+        assert ds["valid_s2"].values.all()
+        assert np.isfinite(ds["wind_u"].values).all()  # the synthetic wind table was used
+    for slug in ("ROIs1868_119", "ROIs2017_22", "ROIs1158_119", "ROIs1970_22"):
+        assert (work / f"results/prepared/rois/{slug}.bad.tsv").is_file()
+        log = (work / f"logs/prepare_roi/{slug}.log").read_text()
+        assert f"prepared {slug.replace('_', '/')}" in log and '"cloud_classes"' in log
+        assert (work / f"benchmarks/prepare_roi/{slug}.tsv").is_file()
+
+
+def test_second_run_has_nothing_to_do(data_run):
+    work, _, _ = data_run
+    proc = run(["-n", "--configfile", "small.yaml", "-d", str(work)], cwd=work)
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def _edges(mermaid: str) -> set[tuple[str, str]]:
+    names = {}
+    edges = set()
+    for line in mermaid.splitlines():
+        line = line.strip()
+        if "[" in line and line.endswith("]") and not line.startswith("style"):
+            node, label = line[:-1].split("[", 1)
+            names[node] = label
+        elif "-->" in line:
+            a, b = (part.strip() for part in line.split("-->"))
+            edges.add((a, b))
+    return {(names[a], names[b]) for a, b in edges}
+
+
+def test_readme_rule_graph_matches_the_workflow():
+    proc = run(["--rulegraph", "mermaid-js"], cwd=ROOT)
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Rule graph", 1)[1].split("```mermaid", 1)[1].split("```", 1)[0]
+    assert _edges(block) == _edges(proc.stdout)
+    assert _edges(block)  # the graph is not empty
