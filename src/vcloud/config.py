@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -37,3 +40,271 @@ def validate_config(config: dict, schema_path: Path, *, source: str = "config") 
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
     raise ConfigError(f"{source}: {message}{more}")
 
+
+
+# --- Model and training configuration (config/models/*.yaml) ---------------------------------
+#
+# One YAML file per model size. Each section maps onto a frozen dataclass; an unknown key, a
+# missing required key or a wrong type raises ConfigError naming the file and the key path.
+
+
+def _from_dict(cls, data, where: str):
+    """Build dataclass `cls` from a mapping, rejecting unknown keys and checking simple types."""
+    import dataclasses
+    import typing
+
+    if not isinstance(data, dict):
+        raise ConfigError(f"key {where or '<top level>'}: expected a mapping, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        keys = ", ".join(f"{where}.{k}".lstrip(".") for k in unknown)
+        raise ConfigError(f"unknown key {keys} (allowed: {', '.join(fields)})")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for name, field in fields.items():
+        key = f"{where}.{name}".lstrip(".")
+        if name not in data:
+            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"missing key {key}")
+            continue
+        values[name] = _coerce(hints[name], data[name], key)
+    try:
+        return cls(**values)
+    except ValueError as err:  # __post_init__ says "<field>: problem" or ": problem"
+        text = str(err)
+        raise ConfigError(f"key {where}{text}" if text.startswith(":") else f"key {where}.{text}".replace("key .", "key ")) from None
+
+
+def _coerce(hint, value, key: str):
+    import dataclasses
+    import types
+    import typing
+
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(option, value, key)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if errors else f"key {key}: may not be null")
+    if dataclasses.is_dataclass(hint):
+        return _from_dict(hint, value, key)
+    if origin is tuple:
+        args = typing.get_args(hint)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"key {key}: expected a list, got {value!r}")
+        item = args[0]
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(item, v, f"{key}[{i}]") for i, v in enumerate(value))
+        if len(args) != len(value):
+            raise ConfigError(f"key {key}: expected {len(args)} values, got {len(value)}")
+        return tuple(_coerce(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+    if origin is typing.Literal:
+        if value not in typing.get_args(hint):
+            raise ConfigError(f"key {key}: {value!r} is not one of {', '.join(map(str, typing.get_args(hint)))}")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"key {key}: expected true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"key {key}: expected an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"key {key}: expected a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"key {key}: expected a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config type {hint} for {key}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """How training samples are drawn from a prepared store."""
+
+    input_dates: int  # T: dates fed to the model per sample; the target date is one of them
+    crop: int | None = None  # random square crop in pixels for training; None = whole patch
+    num_workers: int = 0  # DataLoader workers; multiprocessing options apply only when > 0
+    prefetch_factor: int = 2
+    persistent_workers: bool = False
+    clear_max_cover: float = 0.05  # a date may be a ground-truth target when its cover is below
+    samples_per_epoch: int | None = None  # random samples per epoch; None = one per location
+    val_samples: int | None = None  # fixed validation samples; None = one per location
+
+    def __post_init__(self) -> None:
+        _check_positive(self, ("input_dates", "prefetch_factor"))
+        _check_positive(self, ("crop", "samples_per_epoch", "val_samples"), optional=True)
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers: {self.num_workers} is negative")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation of one stage."""
+
+    epochs: int
+    batch_size: int
+    lr: float
+    weight_decay: float = 0.0
+    grad_clip: float | None = 1.0
+    bf16: bool = False  # bf16 autocast (device "cuda"; on CPU only where requested explicitly)
+    grad_scaler: bool = False  # fp16-only tool; refused together with bf16 (see trainer)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check_positive(self, ("epochs", "batch_size"))
+        if not self.lr > 0:
+            raise ValueError(f"lr: {self.lr} must be > 0")
+
+
+@dataclass(frozen=True)
+class AutoencoderConfig:
+    """Stage 0: convolutional autoencoder on the 13 S2 bands."""
+
+    widths: tuple[int, ...] = (32, 64, 128)  # channels per level; len - 1 downsamplings by 2
+    latent_channels: int = 8
+    blocks_per_level: int = 1
+
+
+@dataclass(frozen=True)
+class Optimisations:
+    """The memory optimisations of the LUMI field report (bf16 lives in TrainConfig)."""
+
+    grad_checkpoint: bool = False  # checkpoint the per-date encoder and the change gate
+    gate_resolution: int | None = None  # change gate at this resolution (64), bilinear back up
+    target_only_pyramid: bool = False  # full pyramid only for the target date
+    gate_chunk: int | None = None  # date pairs per change-gate chunk (64)
+
+
+@dataclass(frozen=True)
+class CFDTConfig:
+    """Stage 1: cloud-free draft transformer over T dates."""
+
+    widths: tuple[int, int, int, int] = (32, 64, 128, 256)  # 4-level pyramid
+    blocks_per_level: int = 1
+    tmt_layers: int = 2  # temporal attention layers at the coarsest level
+    tmt_heads: int = 4
+    gate_width: int = 32  # channels of the change-gate CNN
+    day_embedding: int = 32  # channels of the day-offset embedding
+    wind_scan: bool = False  # wind-ordered token mixing in the TMT (needs the wind cache)
+    optimisations: Optimisations = Optimisations()
+
+
+@dataclass(frozen=True)
+class RefinerConfig:
+    """Stage 2: conditional diffusion in the stage-0 latent space."""
+
+    widths: tuple[int, ...] = (64, 128)
+    blocks_per_level: int = 1
+    timesteps: int = 1000  # training noise levels
+    sample_steps: int = 4  # deterministic (DDIM) steps at evaluation
+
+
+@dataclass(frozen=True)
+class Curriculum:
+    """Stage 1 curriculum by epoch fraction: thin_only < mixed_from <= mixed < all_from <= all."""
+
+    mixed_from: float = 0.3
+    all_from: float = 0.9
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.mixed_from <= self.all_from <= 1.0:
+            raise ValueError(
+                f": need 0 <= mixed_from ({self.mixed_from}) <= all_from ({self.all_from}) <= 1"
+            )
+
+
+@dataclass(frozen=True)
+class SelfTraining:
+    """Stage 3: which teacher pseudo-labels are kept."""
+
+    sampler_seeds: int = 3  # refiner samples per pseudo-label; their spread measures confidence
+    max_seed_spread: float = 0.02  # mean |difference| between seeds (S2 0..1 scale)
+    max_visible_error: float = 0.05  # mean |error| on pixels the cloud mask calls clear
+    max_pseudo_labels: int | None = None  # cap on unlabelled samples scored
+
+
+@dataclass(frozen=True)
+class Stage0Config:
+    model: AutoencoderConfig
+    train: TrainConfig
+
+
+@dataclass(frozen=True)
+class Stage1Config:
+    model: CFDTConfig
+    train: TrainConfig
+    curriculum: Curriculum = Curriculum()
+
+
+@dataclass(frozen=True)
+class Stage2Config:
+    model: RefinerConfig
+    train: TrainConfig
+
+
+@dataclass(frozen=True)
+class Stage3Config:
+    train: TrainConfig
+    self_training: SelfTraining = SelfTraining()
+
+
+@dataclass(frozen=True)
+class ModelSetConfig:
+    """A whole config/models/*.yaml file."""
+
+    name: str
+    data: DataConfig
+    stage0: Stage0Config
+    stage1: Stage1Config
+    stage2: Stage2Config
+    stage3: Stage3Config
+
+
+def load_model_config(path: Path) -> ModelSetConfig:
+    """Read and check a config/models/*.yaml file; errors name the file and the key."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: model configuration file not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    try:
+        return _from_dict(ModelSetConfig, data, "")
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
+def config_to_dict(config) -> dict:
+    """Plain, JSON-able dict of a config dataclass (stored in checkpoints and stores)."""
+    import dataclasses
+
+    return json.loads(json.dumps(dataclasses.asdict(config)))
+
+
+def config_hash(config) -> str:
+    """Stable hash of a config: a changed hyperparameter starts training fresh."""
+    text = json.dumps(config_to_dict(config), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _check_positive(obj, names, *, optional: bool = False) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if optional and value is None:
+            continue
+        if not value > 0:
+            raise ValueError(f"{name}: {value} must be > 0")
