@@ -28,3 +28,13 @@ def tiny_raw(tiny_raw_master, tmp_path) -> Path:
     copy = tmp_path / "raw"
     shutil.copytree(tiny_raw_master, copy)
     return copy
+
+
+@pytest.fixture(scope="session")
+def tiny_store(tiny_raw_master, tmp_path_factory) -> Path:
+    """A prepared store of one tiny ROI (2 locations x 4 dates x 32 px)."""
+    from vcloud.data.prepare import prepare_roi
+
+    out = tmp_path_factory.mktemp("store") / "ROIs1868_119.zarr"
+    prepare_roi(raw=tiny_raw_master, roi=TINY_ROIS[0], out=out, times=TINY["times"], size=TINY["size"])
+    return out

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from vcloud import __version__
-from vcloud.errors import VcloudError
+from vcloud.errors import EXIT_REQUEUE, StopRequested, VcloudError
 
 log = logging.getLogger("vcloud")
 
@@ -71,6 +71,27 @@ def _cmd_wind_cache(args: argparse.Namespace) -> None:
     )
 
 
+def _cmd_train(args: argparse.Namespace) -> None:
+    from vcloud.train.run import run_training
+
+    checkpoints = {n: path for n in range(3) if (path := getattr(args, f"stage{n}")) is not None}
+    run_training(
+        stage=args.stage,
+        config_path=args.config,
+        train=args.train,
+        val=args.val,
+        out=args.out,
+        resume_dir=args.resume_dir,
+        checkpoints=checkpoints,
+    )
+
+
+def _cmd_memory(args: argparse.Namespace) -> None:
+    from vcloud.runtime.memory import main as memory_main
+
+    print(memory_main(args.config, args.json))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from vcloud.constants import N_TIMES, PATCH_SIZE
     from vcloud.data.clouds import CloudThresholds
@@ -116,6 +137,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sectors", type=int, default=16)
     p.add_argument("--regions", type=int, nargs=2, default=(32, 32), metavar=("RH", "RW"))
     p.set_defaults(func=_cmd_wind_cache)
+
+    p = sub.add_parser("train", help="train one stage (resumes from latest.pt when interrupted)")
+    p.add_argument("--stage", type=int, choices=(0, 1, 2, 3), required=True)
+    p.add_argument("--config", type=Path, required=True, help="config/models/*.yaml")
+    p.add_argument("--train", type=Path, required=True, help="prepared train store")
+    p.add_argument("--val", type=Path, required=True, help="prepared val store")
+    p.add_argument("--out", type=Path, required=True, help="stage folder: best.pt, latest.pt, metrics.jsonl")
+    p.add_argument("--resume-dir", type=Path, help="folder of latest.pt (default: --out)")
+    for n in range(3):
+        p.add_argument(f"--stage{n}", type=Path, help=f"stage {n} best.pt (stages that build on it)")
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("memory", help="memory estimate per component of the stage-1 model")
+    p.add_argument("--config", type=Path, required=True, help="config/models/*.yaml")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    p.set_defaults(func=_cmd_memory)
     return parser
 
 
@@ -127,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         args.func(args)
+    except StopRequested as err:
+        print(f"vcloud {args.command}: stopped: {err}", file=sys.stderr)
+        return EXIT_REQUEUE
     except VcloudError as err:
         print(f"vcloud {args.command}: error: {err}", file=sys.stderr)
         return 2

@@ -6,6 +6,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import yaml
 
@@ -175,7 +176,14 @@ class AutoencoderConfig:
 
     widths: tuple[int, ...] = (32, 64, 128)  # channels per level; len - 1 downsamplings by 2
     latent_channels: int = 8
-    blocks_per_level: int = 1
+    blocks_per_level: int = 1  # residual blocks per level, in the encoder and in the decoder
+    mid_blocks: int = 0  # extra residual blocks at the bottom of the encoder and of the decoder
+
+    def __post_init__(self) -> None:
+        _check_widths(self)
+        _check_positive(self, ("latent_channels", "blocks_per_level"))
+        if self.mid_blocks < 0:
+            raise ValueError(f"mid_blocks: {self.mid_blocks} is negative")
 
 
 @dataclass(frozen=True)
@@ -187,29 +195,54 @@ class Optimisations:
     target_only_pyramid: bool = False  # full pyramid only for the target date
     gate_chunk: int | None = None  # date pairs per change-gate chunk (64)
 
+    def __post_init__(self) -> None:  # runs at import (CFDTConfig's default): no module helpers
+        for name in ("gate_resolution", "gate_chunk"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name}: {value} must be > 0")
+
 
 @dataclass(frozen=True)
 class CFDTConfig:
     """Stage 1: cloud-free draft transformer over T dates."""
 
     widths: tuple[int, int, int, int] = (32, 64, 128, 256)  # 4-level pyramid
-    blocks_per_level: int = 1
+    blocks_per_level: int = 1  # residual blocks per level, in the encoder and in the decoder
     tmt_layers: int = 2  # temporal attention layers at the coarsest level
     tmt_heads: int = 4
+    tmt_mlp_ratio: float = 4.0  # hidden width of the TMT MLPs, as a multiple of widths[3]
     gate_width: int = 32  # channels of the change-gate CNN
+    gate_layers: int = 2  # 3x3 conv layers of the change-gate CNN on each date pair
     day_embedding: int = 32  # channels of the day-offset embedding
     wind_scan: bool = False  # wind-ordered token mixing in the TMT (needs the wind cache)
     optimisations: Optimisations = Optimisations()
+
+    def __post_init__(self) -> None:
+        _check_widths(self)
+        _check_positive(self, ("blocks_per_level", "tmt_layers", "tmt_heads", "gate_width", "gate_layers"))
+        if self.widths[-1] % self.tmt_heads:
+            raise ValueError(f"tmt_heads: {self.tmt_heads} does not divide widths[3] = {self.widths[-1]}")
+        if self.day_embedding <= 0 or self.day_embedding % 2:
+            raise ValueError(f"day_embedding: {self.day_embedding} must be a positive even number")
+        if not self.tmt_mlp_ratio > 0:
+            raise ValueError(f"tmt_mlp_ratio: {self.tmt_mlp_ratio} must be > 0")
 
 
 @dataclass(frozen=True)
 class RefinerConfig:
     """Stage 2: conditional diffusion in the stage-0 latent space."""
 
-    widths: tuple[int, ...] = (64, 128)
+    widths: tuple[int, ...] = (64, 128)  # UNet channels per level; len - 1 downsamplings by 2
     blocks_per_level: int = 1
     timesteps: int = 1000  # training noise levels
     sample_steps: int = 4  # deterministic (DDIM) steps at evaluation
+    schedule: Literal["cosine", "linear"] = "cosine"  # noise schedule (betas)
+
+    def __post_init__(self) -> None:
+        _check_widths(self)
+        _check_positive(self, ("blocks_per_level", "timesteps", "sample_steps"))
+        if self.sample_steps > self.timesteps:
+            raise ValueError(f"sample_steps: {self.sample_steps} exceeds timesteps ({self.timesteps})")
 
 
 @dataclass(frozen=True)
@@ -289,16 +322,38 @@ def load_model_config(path: Path) -> ModelSetConfig:
 
 
 def config_to_dict(config) -> dict:
-    """Plain, JSON-able dict of a config dataclass (stored in checkpoints and stores)."""
+    """Plain, JSON-able dict of a config dataclass or mapping (stored in checkpoints)."""
     import dataclasses
 
-    return json.loads(json.dumps(dataclasses.asdict(config)))
+    data = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
+    return json.loads(json.dumps(data))
+
+
+_UPSTREAM = {0: (), 1: (), 2: ("stage0", "stage1"), 3: ("stage0", "stage1", "stage2")}
+
+
+def stage_config_dict(cfg: ModelSetConfig, stage: int) -> dict:
+    """What a stage depends on: data, its own section and the model sections upstream of it.
+
+    Its hash decides whether latest.pt may be resumed, and the workflow passes it as a rule
+    parameter, so changing stage 3's settings reruns stage 3 only.
+    """
+    full = config_to_dict(cfg)
+    picked = {"data": full["data"], f"stage{stage}": full[f"stage{stage}"]}
+    for name in _UPSTREAM[stage]:
+        picked[name] = {"model": full[name].get("model")}
+    return picked
 
 
 def config_hash(config) -> str:
     """Stable hash of a config: a changed hyperparameter starts training fresh."""
     text = json.dumps(config_to_dict(config), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _check_widths(obj) -> None:
+    if not obj.widths or any(w <= 0 for w in obj.widths):
+        raise ValueError(f"widths: {list(obj.widths)} must be a non-empty list of positive integers")
 
 
 def _check_positive(obj, names, *, optional: bool = False) -> None:

@@ -13,3 +13,10 @@ class ConfigError(VcloudError):
 
 class BadInputError(VcloudError):
     """A raw input file or folder cannot be used."""
+
+
+EXIT_REQUEUE = 3  # exit status after a signal-triggered checkpoint: SLURM should requeue the job
+
+
+class StopRequested(VcloudError):
+    """SIGTERM/SIGUSR1 arrived during training; latest.pt was written at a step boundary."""

@@ -1,12 +1,14 @@
 # Input functions and path helpers shared by every rules file (get_* / is_*).
 from pathlib import Path
 
+from vcloud.config import config_hash, load_model_config, stage_config_dict
 from vcloud.data.layout import discover_rois, parse_roi
 from vcloud.data.splits import assign_splits
 
 DATA = config["data"]
 PATHS = config["paths"]
 PREPARED = PATHS["prepared"]
+RESULTS = PATHS["results"]
 
 
 wildcard_constraints:
@@ -70,8 +72,43 @@ def get_wind_table():
     return DATA["wind_table"]
 
 
+def get_model_config():
+    """config.model_config, relative to the working directory or else to this repository."""
+    path = Path(config["model_config"])
+    if not path.is_absolute() and not path.exists():
+        path = Path(workflow.basedir) / path
+    return str(path)
+
+
+MODEL_SET = load_model_config(get_model_config())
+
+
+def get_stage_hash(stage):
+    """Changes when a setting the stage depends on changes: the rule reruns (params trigger)."""
+    return config_hash(stage_config_dict(MODEL_SET, stage))
+
+
+def get_checkpoint(stage):
+    return f"{RESULTS}/stage{stage}/best.pt"
+
+
+def get_train_input(stage):
+    """Split stores, plus the best.pt of every stage this one builds on."""
+    upstream = {0: (), 1: (), 2: (0, 1), 3: (0, 1, 2)}[stage]
+    inputs = {"train": get_split_store("train"), "val": get_split_store("val")}
+    inputs.update({f"stage{n}": get_checkpoint(n) for n in upstream})
+    return inputs
+
+
+def get_upstream_flags(input):
+    return " ".join(
+        f"--{name} {input[name]}" for name in input.keys() if name.startswith("stage")
+    )
+
+
 def get_final_outputs():
-    return [get_split_store(split) for split in ("train", "val", "test")]
+    splits = [get_split_store(split) for split in ("train", "val", "test")]
+    return splits + [get_checkpoint(stage) for stage in range(4)]
 
 
 def get_resources(rule_name):

@@ -1,0 +1,210 @@
+"""Training and evaluation samples drawn from a prepared store (torch Datasets).
+
+Every draw is a pure function of (seed, epoch, index): the sampler hands the dataset the
+global index `epoch * len(dataset) + i`, so the data order survives DataLoader workers, DDP
+sharding and a resume from a checkpoint, bit for bit.
+
+- ClearImages (stage 0): one clear S2 image.
+- CloudySamples (stages 1-3, evaluation): T dates of one location; the target date is a clear
+  date with a synthetic cloud of the curriculum's class put on it (the other T-1 dates keep
+  their natural clouds); ground truth = the clear image.
+- UnlabelledSamples (stage 3): T dates of a location that is never clear; the target date keeps
+  its natural clouds and has no ground truth; `visible` marks pixels the cloud mask calls clear.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from vcloud.constants import CLOUD_CLASSES, S2CLOUDLESS_KWARGS
+from vcloud.data import cloudsim
+from vcloud.data.reader import StoreReader
+
+IN_CHANNELS = 16  # per date: 13 S2 + 2 S1 + cloud probability
+
+
+def _usable(reader: StoreReader) -> np.ndarray:
+    return reader.valid_s2 & reader.valid_s1  # (L, T)
+
+
+class _StoreSamples(Dataset):
+    def __init__(self, store: Path, *, length: int, seed: int, crop: int | None):
+        self.reader = StoreReader(store)
+        self.length = length
+        self.seed = seed
+        self.crop = crop
+
+    def __len__(self) -> int:
+        return self.length
+
+    def _rng(self, index: int) -> tuple[np.random.Generator, int]:
+        epoch, i = divmod(int(index), self.length)
+        return np.random.default_rng((self.seed, epoch, i)), epoch
+
+    def _window(self, rng: np.random.Generator) -> tuple[slice, slice]:
+        _, _, height, width = self.reader.shape
+        if self.crop is None or self.crop >= min(height, width):
+            return slice(None), slice(None)
+        y = int(rng.integers(0, height - self.crop + 1))
+        x = int(rng.integers(0, width - self.crop + 1))
+        return slice(y, y + self.crop), slice(x, x + self.crop)
+
+
+class ClearImages(_StoreSamples):
+    """Stage 0: clear S2 images (cloud cover below `clear_max_cover`)."""
+
+    def __init__(self, store, *, length=None, seed=0, crop=None, clear_max_cover=0.05):
+        reader = StoreReader(store)
+        clear = _usable(reader) & (np.nan_to_num(reader.cloud_cover, nan=1.0) < clear_max_cover)
+        self.images = np.argwhere(clear)  # (N, 2) location, time
+        if len(self.images) == 0:
+            raise ValueError(f"{store}: no clear image (cloud cover < {clear_max_cover}) to train on")
+        super().__init__(store, length=length or len(self.images), seed=seed, crop=crop)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        rng, _ = self._rng(index)
+        location, t = self.images[int(rng.integers(len(self.images)))]
+        ys, xs = self._window(rng)
+        sample = self.reader.read(int(location), [int(t)])
+        return {"target": torch.from_numpy(np.ascontiguousarray(sample.s2[0][:, ys, xs]))}
+
+
+class CloudySamples(_StoreSamples):
+    """T dates of a location with a synthetic cloud on the (clear) target date."""
+
+    def __init__(
+        self,
+        store,
+        *,
+        dates: int,
+        length=None,
+        seed=0,
+        crop=None,
+        clear_max_cover=0.05,
+        epochs: int = 1,
+        mixed_from: float = 0.0,
+        all_from: float = 0.0,
+        kinds: tuple[str, ...] | None = None,
+    ):
+        reader = StoreReader(store)
+        usable = _usable(reader)
+        clear = usable & (np.nan_to_num(reader.cloud_cover, nan=1.0) < clear_max_cover)
+        self.targets = np.argwhere(clear)  # (N, 2) location, clear date
+        if len(self.targets) == 0:
+            raise ValueError(f"{store}: no clear date (cloud cover < {clear_max_cover}) to use as ground truth")
+        self.usable = usable
+        self.dates = dates
+        self.epochs = epochs
+        self.mixed_from, self.all_from = mixed_from, all_from
+        self.kinds = kinds  # fixed kinds (evaluation); None = the curriculum's
+        super().__init__(store, length=length or len(self.targets), seed=seed, crop=crop)
+
+    def kinds_at(self, epoch: int) -> tuple[str, ...]:
+        if self.kinds is not None:
+            return self.kinds
+        phase = cloudsim.curriculum_phase(epoch, self.epochs, mixed_from=self.mixed_from, all_from=self.all_from)
+        return cloudsim.CURRICULUM[phase]
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        rng, epoch = self._rng(index)
+        location, target_t = (int(v) for v in self.targets[int(rng.integers(len(self.targets)))])
+        dates, target_index = _pick_dates(rng, self.usable[location], target_t, self.dates)
+        kind = str(rng.choice(self.kinds_at(epoch)))
+        ys, xs = self._window(rng)
+        sample = self.reader.read(location, dates)
+        s2 = sample.s2[:, :, ys, xs]  # (T, 13, h, w)
+        truth = s2[target_index].copy()
+        opacity, shadow = cloudsim.simulate(rng, truth.shape[1:], kind)
+        s2 = s2.copy()
+        s2[target_index] = cloudsim.apply(truth, opacity, shadow)
+        prob = np.nan_to_num(sample.cloud_prob[:, ys, xs], nan=1.0)
+        prob[target_index] = opacity  # the synthetic cloud's opacity stands in for s2cloudless
+        item = _stack(s2, sample.s1[:, :, ys, xs], prob, self.reader.date_s2[location, dates], target_index)
+        item["target"] = torch.from_numpy(np.ascontiguousarray(truth))
+        item["cloud_class"] = torch.tensor(CLOUD_CLASSES.index(kind))
+        item["location"] = torch.tensor(location)
+        return item
+
+
+class UnlabelledSamples(_StoreSamples):
+    """Cloudy target dates of locations that have no clear date at all (stage 3)."""
+
+    def __init__(self, store, *, dates: int, seed=0, clear_max_cover=0.05, limit: int | None = None):
+        reader = StoreReader(store)
+        usable = _usable(reader)
+        cover = np.nan_to_num(reader.cloud_cover, nan=1.0)
+        never_clear = ~(usable & (cover < clear_max_cover)).any(axis=1)  # (L,)
+        candidates = np.argwhere(usable & never_clear[:, None])
+        if limit is not None:
+            candidates = candidates[:limit]
+        self.candidates = candidates
+        self.usable = usable
+        self.dates = dates
+        super().__init__(store, length=len(candidates), seed=seed, crop=None)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        rng, _ = self._rng(index)
+        location, target_t = (int(v) for v in self.candidates[int(index) % len(self.candidates)])
+        dates, target_index = _pick_dates(rng, self.usable[location], target_t, self.dates)
+        sample = self.reader.read(location, dates)
+        prob = np.nan_to_num(sample.cloud_prob, nan=1.0)
+        item = _stack(sample.s2, sample.s1, prob, self.reader.date_s2[location, dates], target_index)
+        item["visible"] = torch.from_numpy(prob[target_index] < S2CLOUDLESS_KWARGS["threshold"])
+        item["location"] = torch.tensor(location)
+        item["date"] = torch.tensor(target_t)
+        return item
+
+
+def _pick_dates(rng, usable_row: np.ndarray, target_t: int, count: int) -> tuple[list[int], int]:
+    """`count` dates in time order including the target; others drawn from usable dates."""
+    others = np.flatnonzero(usable_row)
+    others = others[others != target_t]
+    if len(others) == 0:
+        others = np.array([target_t])
+    replace = len(others) < count - 1
+    chosen = rng.choice(others, size=count - 1, replace=replace)
+    dates = sorted([target_t, *chosen.tolist()])
+    return dates, dates.index(target_t)
+
+
+def _stack(s2, s1, prob, dates_s2, target_index) -> dict[str, torch.Tensor]:
+    x = np.concatenate([s2, s1, prob[:, None]], axis=1).astype(np.float32)  # (T, 16, H, W)
+    day = dates_s2.astype("datetime64[D]").astype(np.int64)
+    days = (day - day[target_index]).astype(np.float32)  # (T,) offsets from the target date
+    return {
+        "x": torch.from_numpy(np.ascontiguousarray(x)),
+        "days": torch.from_numpy(days),
+        "target_index": torch.tensor(target_index),
+        "target_s1": torch.from_numpy(np.ascontiguousarray(s1[target_index])),
+        "target_prob": torch.from_numpy(np.ascontiguousarray(prob[target_index])),
+    }
+
+
+class EpochSampler(Sampler[int]):
+    """Global indices `epoch * n + i` for this rank's shard, from `start` (resume mid-epoch)."""
+
+    def __init__(self, n: int, *, rank: int = 0, world_size: int = 1, shuffle: bool = True, seed: int = 0):
+        self.n, self.rank, self.world_size = n, rank, world_size
+        self.shuffle, self.seed = shuffle, seed
+        self.epoch = 0
+        self.start = 0
+        self.per_rank = -(-n // world_size)  # ceil: every rank takes the same number of steps
+
+    def set_epoch(self, epoch: int, *, start: int = 0) -> None:
+        self.epoch, self.start = epoch, start
+
+    def __len__(self) -> int:
+        return self.per_rank - self.start
+
+    def __iter__(self):
+        order = np.arange(self.n)
+        if self.shuffle:
+            order = np.random.default_rng((self.seed, self.epoch, 7)).permutation(self.n)
+        padded = np.resize(order, self.per_rank * self.world_size)  # wrap to equal shards
+        mine = padded[self.rank :: self.world_size]
+        for i in mine[self.start :]:
+            yield int(self.epoch * self.n + i)

@@ -1,0 +1,1 @@
+"""Training: trainer loop, checkpoints, curriculum, distributed set-up and metrics."""

@@ -1,0 +1,268 @@
+"""The four stages as StageTasks for the shared trainer.
+
+- stage 0: autoencoder on clear S2 images, L1 reconstruction; val PSNR.
+- stage 1: CFDT draft model; input T dates with a synthetic cloud (curriculum class) on the
+  clear target date; L1 to the clear image; val on fixed seeded clouds of every class.
+- stage 2: diffusion refiner in the stage-0 latent space, conditioned on the frozen stage-1
+  draft and the target date's S1 + cloud probability; noise-prediction MSE; val PSNR of the
+  few-step DDIM sample.
+- stage 3: self-training. The stage 1+2 teacher labels cloudy-only samples (locations with no
+  clear date); a pseudo-label is kept when refiner samples from `sampler_seeds` seeds agree
+  (mean |difference| <= max_seed_spread) and it matches the pixels the cloud mask calls clear
+  (mean |error| <= max_visible_error). The student (stage-1 weights) is fine-tuned on the
+  labelled samples plus the kept pseudo-labels.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import ConcatDataset, Dataset
+
+from vcloud.config import ModelSetConfig
+from vcloud.constants import CLOUD_CLASSES
+from vcloud.data.samples import ClearImages, CloudySamples, UnlabelledSamples
+from vcloud.models.autoencoder import Autoencoder
+from vcloud.models.cfdt import CFDT
+from vcloud.models.refiner import DiffusionSchedule, Refiner, ddim_sample, refiner_condition
+from vcloud.train.checkpoint import load_checkpoint
+from vcloud.train.metrics import compute_all
+from vcloud.train.trainer import StageTask
+
+log = logging.getLogger(__name__)
+
+SELF_TRAINING_RULE = (
+    "keep when mean |seed_i - mean| <= stage3.self_training.max_seed_spread and mean |label - input| "
+    "over pixels with cloud probability < 0.4 <= stage3.self_training.max_visible_error"
+)
+VAL_SEED = 12345  # the validation clouds are the same every epoch and every run
+EVAL_KINDS = tuple(CLOUD_CLASSES[1:])  # thin, thick, opaque
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def load_frozen(model: nn.Module, path: Path, *, stage: int) -> nn.Module:
+    """Weights from a finished stage's best.pt, frozen and in eval mode."""
+    state = load_checkpoint(path)
+    if state.get("stage") != stage:
+        from vcloud.errors import BadInputError
+
+        raise BadInputError(f"{path}: checkpoint of stage {state.get('stage')}, expected stage {stage}")
+    model.load_state_dict(state["model"])
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def _cloudy(cfg: ModelSetConfig, store: Path, *, train: bool, stage_epochs: int) -> CloudySamples:
+    d = cfg.data
+    if train:
+        cur = cfg.stage1.curriculum
+        return CloudySamples(
+            store, dates=d.input_dates, length=d.samples_per_epoch, seed=cfg.stage1.train.seed,
+            crop=d.crop, clear_max_cover=d.clear_max_cover, epochs=stage_epochs,
+            mixed_from=cur.mixed_from, all_from=cur.all_from,
+        )  # fmt: skip
+    return CloudySamples(
+        store, dates=d.input_dates, length=d.val_samples, seed=VAL_SEED, crop=None,
+        clear_max_cover=d.clear_max_cover, kinds=EVAL_KINDS,
+    )  # fmt: skip
+
+
+def _draft(cfdt: nn.Module, batch: dict) -> torch.Tensor:
+    return cfdt(batch["x"], batch["days"], batch["target_index"])  # (B, 13, H, W)
+
+
+def stage0(cfg: ModelSetConfig, *, train: Path, val: Path) -> StageTask:
+    d = cfg.data
+    model = Autoencoder(cfg.stage0.model)
+
+    def loss(m, batch):
+        return F.l1_loss(m(batch["target"]), batch["target"])
+
+    def validate(m, batch):
+        return compute_all(m(batch["target"]).float().clamp(0, 1), batch["target"].float())
+
+    return StageTask(
+        stage=0,
+        model=model,
+        train_set=ClearImages(train, length=d.samples_per_epoch, seed=cfg.stage0.train.seed, crop=d.crop,
+                              clear_max_cover=d.clear_max_cover),
+        val_set=ClearImages(val, length=d.val_samples, seed=VAL_SEED, clear_max_cover=d.clear_max_cover),
+        loss=loss,
+        validate=validate,
+    )  # fmt: skip
+
+
+def stage1(cfg: ModelSetConfig, *, train: Path, val: Path) -> StageTask:
+    train_set = _cloudy(cfg, train, train=True, stage_epochs=cfg.stage1.train.epochs)
+    model = CFDT(cfg.stage1.model)
+
+    def loss(m, batch):
+        return F.l1_loss(_draft(m, batch), batch["target"])
+
+    def validate(m, batch):
+        return compute_all(_draft(m, batch).float().clamp(0, 1), batch["target"].float())
+
+    def on_epoch_start(epoch):
+        return {"curriculum": "+".join(train_set.kinds_at(epoch))}
+
+    return StageTask(
+        stage=1, model=model, train_set=train_set, val_set=_cloudy(cfg, val, train=False, stage_epochs=1),
+        loss=loss, validate=validate, on_epoch_start=on_epoch_start,
+    )  # fmt: skip
+
+
+class RefinerPipeline(nn.Module):
+    """Frozen stage 0 + stage 1 around the trainable refiner.
+
+    Only the refiner has gradients, and only the refiner is in the state dict: stage 2's
+    checkpoints do not repeat the stage 0 and stage 1 weights they were trained against.
+    """
+
+    def __init__(self, autoencoder: nn.Module, cfdt: nn.Module, refiner: nn.Module, *, timesteps: int,
+                 latent_channels: int):  # fmt: skip
+        super().__init__()
+        self.autoencoder, self.cfdt, self.refiner = autoencoder, cfdt, refiner
+        self.schedule = DiffusionSchedule(timesteps)
+        self.latent_channels = latent_channels
+
+    def state_dict(self, *args, **kwargs):
+        return self.refiner.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        return self.refiner.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.autoencoder.eval()  # frozen parts stay in eval mode
+        self.cfdt.eval()
+        return self
+
+    def condition(self, batch: dict) -> torch.Tensor:
+        with torch.no_grad():
+            draft = _draft(self.cfdt, batch)
+            latent = self.autoencoder.encode(draft)
+        return refiner_condition(latent, batch["target_s1"], batch["target_prob"])
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        """Noise-prediction loss on the clear target's latent."""
+        with torch.no_grad():
+            z0 = self.autoencoder.encode(batch["target"])
+        cond = self.condition(batch)
+        t = torch.randint(0, self.schedule.timesteps, (z0.shape[0],), device=z0.device)
+        noise = torch.randn_like(z0)
+        z_t = self.schedule.q_sample(z0, t, noise)
+        return F.mse_loss(self.refiner(z_t, t, cond).float(), noise.float())
+
+    @torch.no_grad()
+    def sample(self, batch: dict, *, steps: int, seed: int) -> torch.Tensor:
+        """Deterministic few-step sample, decoded to S2 (B, 13, H, W)."""
+        cond = self.condition(batch)
+        shape = (cond.shape[0], self.latent_channels, *cond.shape[2:])
+        generator = torch.Generator(device=cond.device).manual_seed(seed)
+        z0 = ddim_sample(self.refiner, cond, steps=steps, generator=generator, shape=shape, schedule=self.schedule)
+        return self.autoencoder.decode(z0).clamp(0, 1)
+
+
+def build_pipeline(cfg: ModelSetConfig, *, stage0_ckpt: Path, stage1_ckpt: Path) -> RefinerPipeline:
+    autoencoder = load_frozen(Autoencoder(cfg.stage0.model), stage0_ckpt, stage=0)
+    cfdt = load_frozen(CFDT(cfg.stage1.model), stage1_ckpt, stage=1)
+    latent = cfg.stage0.model.latent_channels
+    refiner = Refiner(cfg.stage2.model, latent_channels=latent, cond_channels=latent + 3)
+    return RefinerPipeline(autoencoder, cfdt, refiner, timesteps=cfg.stage2.model.timesteps, latent_channels=latent)
+
+
+def stage2(cfg: ModelSetConfig, *, train: Path, val: Path, stage0_ckpt: Path, stage1_ckpt: Path) -> StageTask:
+    pipeline = build_pipeline(cfg, stage0_ckpt=stage0_ckpt, stage1_ckpt=stage1_ckpt)
+    steps = cfg.stage2.model.sample_steps
+
+    def loss(m, batch):
+        return m(batch)
+
+    def validate(m, batch):
+        return compute_all(m.sample(batch, steps=steps, seed=VAL_SEED).float(), batch["target"].float())
+
+    return StageTask(
+        stage=2, model=pipeline,
+        train_set=_cloudy(cfg, train, train=True, stage_epochs=cfg.stage2.train.epochs),
+        val_set=_cloudy(cfg, val, train=False, stage_epochs=1), loss=loss, validate=validate,
+    )  # fmt: skip
+
+
+class PseudoLabelled(Dataset):
+    """Unlabelled samples with the teacher's kept pseudo-label as target."""
+
+    def __init__(self, base: UnlabelledSamples, kept: list[tuple[int, torch.Tensor]]):
+        self.base, self.kept = base, kept
+
+    def __len__(self) -> int:
+        return len(self.kept)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        base_index, label = self.kept[int(index) % len(self.kept)]
+        item = self.base[base_index]
+        keep = ("x", "days", "target_index", "target_s1", "target_prob")
+        return {**{k: item[k] for k in keep}, "target": label, "cloud_class": torch.tensor(-1),
+                "location": item["location"]}  # fmt: skip
+
+
+@torch.no_grad()
+def pseudo_label(pipeline: RefinerPipeline, samples: UnlabelledSamples, cfg: ModelSetConfig, device: str):
+    """Label cloudy-only samples with the teacher; keep the confident ones."""
+    st = cfg.stage3.self_training
+    steps = cfg.stage2.model.sample_steps
+    pipeline.to(device).eval()
+    kept, scored = [], []
+    for index in range(len(samples)):
+        item = samples[index]
+        batch = {k: v[None].to(device) for k, v in item.items()}
+        draws = torch.stack([pipeline.sample(batch, steps=steps, seed=s)[0] for s in range(st.sampler_seeds)])
+        label = draws.mean(0)  # (13, H, W)
+        spread = (draws - label).abs().mean().item()
+        visible = batch["visible"][0]
+        observed = batch["x"][0, item["target_index"], :13]
+        visible_error = (label - observed).abs().mean(0)[visible].mean().item() if visible.any() else float("inf")
+        ok = spread <= st.max_seed_spread and visible_error <= st.max_visible_error
+        scored.append({"index": index, "spread": spread, "visible_error": visible_error, "kept": ok})
+        if ok:
+            kept.append((index, label.cpu()))
+    return kept, scored
+
+
+def stage3(
+    cfg: ModelSetConfig, *, train: Path, val: Path, stage0_ckpt: Path, stage1_ckpt: Path, stage2_ckpt: Path,
+    device: str,
+) -> StageTask:  # fmt: skip
+    pipeline = build_pipeline(cfg, stage0_ckpt=stage0_ckpt, stage1_ckpt=stage1_ckpt)
+    pipeline.load_state_dict(load_checkpoint(stage2_ckpt)["model"])
+    unlabelled = UnlabelledSamples(
+        train, dates=cfg.data.input_dates, seed=cfg.stage3.train.seed, clear_max_cover=cfg.data.clear_max_cover,
+        limit=cfg.stage3.self_training.max_pseudo_labels,
+    )  # fmt: skip
+    kept, scored = pseudo_label(pipeline, unlabelled, cfg, device) if len(unlabelled) else ([], [])
+    log.info("stage 3: kept %d of %d pseudo-labels", len(kept), len(scored))
+    student = CFDT(cfg.stage1.model)
+    student.load_state_dict(load_checkpoint(stage1_ckpt)["model"])
+    labelled = _cloudy(cfg, train, train=True, stage_epochs=cfg.stage3.train.epochs)
+    train_set: Dataset = ConcatDataset([labelled, PseudoLabelled(unlabelled, kept)]) if kept else labelled
+
+    def loss(m, batch):
+        return F.l1_loss(_draft(m, batch), batch["target"])
+
+    def validate(m, batch):
+        return compute_all(_draft(m, batch).float().clamp(0, 1), batch["target"].float())
+
+    return StageTask(
+        stage=3, model=student, train_set=train_set, val_set=_cloudy(cfg, val, train=False, stage_epochs=1),
+        loss=loss, validate=validate,
+        summary={"pseudo_labels_scored": len(scored), "pseudo_labels_kept": len(kept)},
+        artifacts={"pseudo_labels": {"kept": len(kept), "scored": scored, "rule": SELF_TRAINING_RULE}},
+    )  # fmt: skip

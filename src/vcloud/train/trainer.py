@@ -1,0 +1,308 @@
+"""The one training loop every stage shares: parse -> build -> train -> close.
+
+A stage hands the loop a `StageTask` (its model, datasets, loss and validation); the loop owns
+everything the LUMI field reports taught us to get right once:
+- device "cuda" when available (ROCm maps it) else CPU; bf16 autocast never with GradScaler;
+- DataLoader multiprocessing options only when num_workers > 0;
+- latest.pt every epoch and at the next step boundary after SIGTERM/SIGUSR1 (then exit so
+  SLURM can requeue), best.pt on validation improvement, both atomic; resume restores model,
+  optimizer, scheduler, RNG states, curriculum position (the epoch) and data order (the
+  sampler position), so a killed and resumed run ends bit-identical to an uninterrupted one;
+- DDP from torchrun or SLURM variables; only rank 0 writes;
+- a NaN/inf loss stops the run with stage, epoch and step; the last good checkpoint stays;
+- a tqdm bar per epoch, one metrics line per epoch in metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
+
+from vcloud.config import DataConfig, TrainConfig
+from vcloud.data.samples import EpochSampler
+from vcloud.errors import ConfigError, StopRequested, VcloudError
+from vcloud.train import checkpoint as ckpt
+from vcloud.train import distributed as dist_utils
+from vcloud.train.metrics import MetricAccumulator
+
+log = logging.getLogger(__name__)
+
+class TrainingDiverged(VcloudError):
+    """The loss became NaN or infinite."""
+
+
+@dataclass
+class StageTask:
+    """What a stage gives the loop. `loss` gets the (DDP-wrapped) model and a device batch."""
+
+    stage: int
+    model: nn.Module
+    train_set: Dataset
+    val_set: Dataset | None
+    loss: Callable[[nn.Module, dict], torch.Tensor]
+    validate: Callable[[nn.Module, dict], dict[str, torch.Tensor]]  # per-sample metrics
+    best_metric: str = "psnr"  # higher is better
+    on_epoch_start: Callable[[int], dict] | None = None  # e.g. the curriculum phase, logged
+    summary: dict = field(default_factory=dict)  # stage facts for the metrics log
+    artifacts: dict = field(default_factory=dict)  # name -> JSON-able, written as <out>/<name>.json
+
+
+def check_precision(cfg: TrainConfig, stage: int) -> None:
+    """bf16 has fp32's range: GradScaler only skips steps (75-87 % on LUMI). Refuse the pair."""
+    if cfg.bf16 and cfg.grad_scaler:
+        raise ConfigError(
+            f"stage{stage}.train: bf16 and grad_scaler are both true; GradScaler is for fp16 and "
+            "silently skips most bf16 steps - set grad_scaler: false"
+        )
+    if cfg.grad_scaler:
+        raise ConfigError(f"stage{stage}.train.grad_scaler: fp16 training is not supported; use bf16")
+
+
+def loader_kwargs(data: DataConfig, *, batch_size: int) -> dict:
+    """DataLoader options; the multiprocessing ones only with workers (else torch raises)."""
+    kwargs: dict = {"batch_size": batch_size, "num_workers": data.num_workers, "pin_memory": False}
+    if data.num_workers > 0:
+        kwargs.update(
+            prefetch_factor=data.prefetch_factor,
+            persistent_workers=data.persistent_workers,
+            multiprocessing_context="spawn",
+        )
+    return kwargs
+
+
+def _to(batch: dict, device: str) -> dict:
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+def _peak_memory_mb(device: str) -> float:
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+class Trainer:
+    def __init__(
+        self,
+        task: StageTask,
+        *,
+        train_cfg: TrainConfig,
+        data_cfg: DataConfig,
+        out_dir: Path,
+        resume_dir: Path | None = None,
+        config_hash: str,
+        config: dict,
+        env: dist_utils.DistEnv,
+        device: str,
+        progress: bool = True,
+    ):
+        check_precision(train_cfg, task.stage)
+        self.task, self.cfg, self.data_cfg = task, train_cfg, data_cfg
+        self.out_dir = Path(out_dir)
+        self.latest = Path(resume_dir or out_dir) / "latest.pt"
+        self.best = self.out_dir / "best.pt"
+        self.metrics_path = self.out_dir / "metrics.jsonl"
+        self.config_hash, self.config = config_hash, config
+        self.env, self.device = env, device
+        self.main = dist_utils.is_main(env)
+        self.progress = progress and self.main
+        self.model = task.model.to(device)
+        self.ddp_model: nn.Module = self.model
+        if env.world_size > 1:
+            self.ddp_model = nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[torch.cuda.current_device()] if device == "cuda" else None
+            )
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
+        self.sampler = EpochSampler(
+            len(task.train_set), rank=env.rank, world_size=env.world_size, shuffle=True, seed=train_cfg.seed
+        )
+        self.steps_per_epoch = math.ceil(self.sampler.per_rank / train_cfg.batch_size)
+        total = max(1, self.steps_per_epoch * train_cfg.epochs)
+        warmup = max(1, total // 20)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda step: min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(step, total) / total)),
+        )
+        self.epoch, self.step_in_epoch, self.best_value = 0, 0, -math.inf
+
+    # --- state -------------------------------------------------------------------------
+    def _state(self, *, finished: bool = False) -> dict:
+        return {
+            **ckpt.checkpoint_meta(stage=self.task.stage, config_hash=self.config_hash),
+            "config": self.config,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": ckpt.capture_rng_state(),
+            "epoch": self.epoch,
+            "step_in_epoch": self.step_in_epoch,
+            "best_value": self.best_value,
+            "finished": finished,
+        }
+
+    def _save_latest(self, *, finished: bool = False) -> None:
+        if self.main:
+            ckpt.save_checkpoint(self.latest, self._state(finished=finished))
+        dist_utils.barrier()
+
+    def _save_best(self) -> None:
+        if self.main:
+            state = {
+                **ckpt.checkpoint_meta(stage=self.task.stage, config_hash=self.config_hash),
+                "config": self.config,
+                "model": self.model.state_dict(),
+                "epoch": self.epoch,
+                "best_value": self.best_value,
+                "best_metric": self.task.best_metric,
+            }
+            ckpt.save_checkpoint(self.best, state)
+        dist_utils.barrier()
+
+    def _resume(self) -> bool:
+        """Load latest.pt if the rules say so; True when the stage already finished."""
+        decision = ckpt.resume_decision(self.latest, self.best, self.config_hash)
+        if decision == "fresh":
+            if self.main:
+                self.metrics_path.unlink(missing_ok=True)
+            return False
+        state = ckpt.load_checkpoint(self.latest)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        ckpt.restore_rng_state(state["rng"])
+        self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
+        self.best_value = state["best_value"]
+        log.info("stage %d: resuming from %s at epoch %d step %d", self.task.stage, self.latest, self.epoch, self.step_in_epoch)
+        return bool(state["finished"])
+
+    # --- loop --------------------------------------------------------------------------
+    def fit(self) -> dict:
+        if self.main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            for name, content in self.task.artifacts.items():
+                (self.out_dir / f"{name}.json").write_text(json.dumps(content, indent=1))
+        if self._resume():
+            log.info("stage %d already finished (%s); nothing to do", self.task.stage, self.latest)
+            return {"finished": True, "best_value": self.best_value}
+        with ckpt.StopRequest() as stop:
+            while self.epoch < self.cfg.epochs:
+                record = self._train_epoch(stop)
+                record.update(self._validate())
+                value = float(record.get(f"val_{self.task.best_metric}", -math.inf))
+                improved = value > self.best_value
+                if improved:
+                    self.best_value = value
+                record["best"] = improved
+                self.epoch += 1
+                self.step_in_epoch = 0
+                self._save_latest(finished=self.epoch >= self.cfg.epochs)
+                if improved:
+                    self._save_best()
+                self._log_metrics(record)
+        return {"finished": True, "best_value": self.best_value}
+
+    def _loader(self, dataset: Dataset, sampler) -> DataLoader:
+        return DataLoader(dataset, sampler=sampler, **loader_kwargs(self.data_cfg, batch_size=self.cfg.batch_size))
+
+    def _autocast(self):
+        device_type = "cuda" if self.device == "cuda" else "cpu"
+        return torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.cfg.bf16)
+
+    def _train_epoch(self, stop) -> dict:
+        extra = self.task.on_epoch_start(self.epoch) if self.task.on_epoch_start else {}
+        self.sampler.set_epoch(self.epoch, start=self.step_in_epoch * self.cfg.batch_size)
+        self.ddp_model.train()
+        losses, samples, wait = [], 0, 0.0
+        start = time.perf_counter()
+        bar = tqdm(
+            total=self.steps_per_epoch,
+            initial=self.step_in_epoch,
+            desc=f"stage{self.task.stage} epoch {self.epoch}",
+            disable=not self.progress or None,
+        )
+        fetch_start = time.perf_counter()
+        for batch in self._loader(self.task.train_set, self.sampler):
+            wait += time.perf_counter() - fetch_start
+            batch = _to(batch, self.device)
+            with self._autocast():
+                loss = self.task.loss(self.ddp_model, batch)
+            if not torch.isfinite(loss.detach()).all():
+                raise TrainingDiverged(
+                    f"stage {self.task.stage}, epoch {self.epoch}, step {self.step_in_epoch}: loss is "
+                    f"{loss.item()}; stopped, the last good checkpoint {self.latest} is kept"
+                )
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if self.cfg.grad_clip:
+                nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.step_in_epoch += 1
+            losses.append(loss.item())
+            samples += len(next(iter(batch.values())))
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+            # Every rank stops at the same step (a lone rank leaving would hang the others).
+            if dist_utils.any_rank(stop.requested, self.device):
+                bar.close()
+                self._save_latest()
+                raise StopRequested(
+                    f"stage {self.task.stage}: {stop.signal_name} at epoch {self.epoch} step "
+                    f"{self.step_in_epoch}; wrote {self.latest}, rerun to resume"
+                )
+            fetch_start = time.perf_counter()
+        bar.close()
+        elapsed = time.perf_counter() - start
+        mean_loss = dist_utils.all_reduce_mean(sum(losses) / max(len(losses), 1), self.device)
+        return {
+            "epoch": self.epoch,
+            "loss": mean_loss,
+            "lr": self.scheduler.get_last_lr()[0],
+            "samples_per_s": samples * self.env.world_size / max(elapsed, 1e-9),
+            "data_wait_fraction": wait / max(elapsed, 1e-9),
+            "epoch_s": elapsed,
+            **extra,
+        }
+
+    @torch.no_grad()
+    def _validate(self) -> dict:
+        if self.task.val_set is None:
+            return {}
+        sampler = EpochSampler(
+            len(self.task.val_set), rank=self.env.rank, world_size=self.env.world_size, shuffle=False
+        )
+        acc = MetricAccumulator()
+        self.model.eval()
+        for batch in self._loader(self.task.val_set, sampler):
+            batch = _to(batch, self.device)
+            with self._autocast():
+                per_sample = self.task.validate(self.model, batch)
+            acc.update({k: v.float() for k, v in per_sample.items()})
+        means = acc.compute(reduce_fn=dist_utils.all_reduce_sum_fn(self.device))
+        return {f"val_{k}": float(v) for k, v in means.items()}
+
+    def _log_metrics(self, record: dict) -> None:
+        record.update(
+            peak_memory_mb=_peak_memory_mb(self.device),
+            world_size=self.env.world_size,
+            wall_time=time.time(),
+            **self.task.summary,
+        )
+        if not self.main:
+            return
+        with self.metrics_path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in record.items() if k != "wall_time"}
+        log.info("stage %d epoch %d: %s", self.task.stage, record["epoch"], shown)
