@@ -39,6 +39,11 @@ class StoreReader:
         self.cloud_cover = ds["cloud_cover"].values
         self.cloud_class = ds["cloud_class"].values
         self.date_s2 = ds["date_s2"].values
+        # (L, T, 2) wind (u east, v north; m/s) when the store has it, else NaN: no wind known.
+        if "wind_u" in ds:
+            self.wind = np.stack([ds["wind_u"].values, ds["wind_v"].values], axis=-1).astype(np.float32)
+        else:
+            self.wind = np.full((*self.valid_s2.shape, 2), np.nan, np.float32)
         self.shape = (ds.sizes["location"], ds.sizes["time"], ds.sizes["y"], ds.sizes["x"])
         self._arrays = None
 

@@ -10,6 +10,9 @@ sharding and a resume from a checkpoint, bit for bit.
   their natural clouds); ground truth = the clear image.
 - UnlabelledSamples (stage 3): T dates of a location that is never clear; the target date keeps
   its natural clouds and has no ground truth; `visible` marks pixels the cloud mask calls clear.
+
+Cloudy and unlabelled samples carry `wind` (u, v) of the target date (NaN when unknown), from
+which a wind-scanning model picks its scan sector.
 """
 
 from __future__ import annotations
@@ -124,6 +127,7 @@ class CloudySamples(_StoreSamples):
         prob = np.nan_to_num(sample.cloud_prob[:, ys, xs], nan=1.0)
         prob[target_index] = opacity  # the synthetic cloud's opacity stands in for s2cloudless
         item = _stack(s2, sample.s1[:, :, ys, xs], prob, self.reader.date_s2[location, dates], target_index)
+        item["wind"] = torch.from_numpy(self.reader.wind[location, target_t])
         item["target"] = torch.from_numpy(np.ascontiguousarray(truth))
         item["cloud_class"] = torch.tensor(CLOUD_CLASSES.index(kind))
         item["location"] = torch.tensor(location)
@@ -153,6 +157,7 @@ class UnlabelledSamples(_StoreSamples):
         sample = self.reader.read(location, dates)
         prob = np.nan_to_num(sample.cloud_prob, nan=1.0)
         item = _stack(sample.s2, sample.s1, prob, self.reader.date_s2[location, dates], target_index)
+        item["wind"] = torch.from_numpy(self.reader.wind[location, target_t])
         item["visible"] = torch.from_numpy(prob[target_index] < S2CLOUDLESS_KWARGS["threshold"])
         item["location"] = torch.tensor(location)
         item["date"] = torch.tensor(target_t)

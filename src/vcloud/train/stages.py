@@ -209,7 +209,7 @@ class PseudoLabelled(Dataset):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         base_index, label = self.kept[int(index) % len(self.kept)]
         item = self.base[base_index]
-        keep = ("x", "days", "target_index", "target_s1", "target_prob")
+        keep = ("x", "days", "target_index", "target_s1", "target_prob", "wind")
         return {**{k: item[k] for k in keep}, "target": label, "cloud_class": torch.tensor(-1),
                 "location": item["location"]}  # fmt: skip
 
