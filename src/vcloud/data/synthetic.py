@@ -77,6 +77,10 @@ _CUMULUS = [5200, 5000, 4900, 4800, 4900, 5000, 5100, 5100, 5150, 2600, 500, 330
 _HAZE = [1000, 900, 800, 700, 650, 600, 580, 560, 550, 200, 0, 300, 180]  # added at optical depth 1
 _HAZE_B10 = 550  # cirrus band signal at optical depth 1
 _HAZE_EXTINCTION = 0.25  # ground signal lost at optical depth 1
+# Cirrus comes in fine streaks over ~45 % of its envelope, with faint haze between them:
+# s2cloudless flags the streaks, its 4 px averaging joins them into one mask, and the mean
+# probability over that mask stays below thick_min_prob, so thin haze is detected as thin.
+_STREAK_LEVEL = 0.35
 _HALO_OPACITY, _HALO_WIDTH = 0.4, 0.4  # opacity and width (in cumulus-field units) of the halo
 _SHADOW_DARKENING = 0.55  # direct light lost under a thick cloud's shadow
 # S1 backscatter in dB per land cover, before season, moisture, wind and speckle.
@@ -118,9 +122,12 @@ def write_raw_tree(out: Path, *, rois: list[RoiId], patches: int, times: int, si
                 truth_rows += truth
         _write_csv(tmp / "wind.csv", WIND_HEADER, wind_rows)
         _write_csv(tmp / "truth.csv", TRUTH_HEADER, truth_rows)
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
         if out.exists():
-            shutil.rmtree(out)
+            os.replace(out, old)
         os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -195,7 +202,7 @@ class _Plan:
     wind: np.ndarray  # (T, 2) u east, v north in m/s, rounded as written to wind.csv
     classes: np.ndarray  # (P, T) index into CLOUD_CLASSES
     covers: np.ndarray  # (P, T) target cloud cover of thick and thin images
-    shadow_px: np.ndarray  # (T, 2) shadow offset (rows, cols) of thick clouds
+    shadow_px: np.ndarray  # (T, 2) where a thick cloud's shadow lies relative to it (rows, cols)
     s1_nan: np.ndarray  # (P, T) bool: this S1 image gets a strip of NaN pixels
     epsg: int
     origin: tuple[float, float]  # (x0, y0) of patch 0's top-left corner, metres
@@ -229,10 +236,12 @@ def _plan_roi(roi: RoiId, *, patches: int, times: int, seed: int) -> _Plan:
     covers = np.where(classes == thick, rng.uniform(0.25, 0.65, classes.shape), 1.0)
     covers = np.where(classes == thin, rng.uniform(0.45, 1.0, classes.shape), covers)
 
-    sun_azimuth = rng.uniform(np.pi / 2, 3 * np.pi / 2)  # shadows fall away from the sun
+    # Sun between east and west through south (clockwise from north); shadows fall away from it.
+    sun_azimuth = rng.uniform(np.pi / 2, 3 * np.pi / 2)
     length = rng.uniform(4, 10, times)
-    shadow_px = np.round(np.stack([-np.cos(sun_azimuth) * length, np.sin(sun_azimuth) * length], axis=1))
+    shadow_px = np.round(np.stack([np.cos(sun_azimuth) * length, -np.sin(sun_azimuth) * length], axis=1))
 
+    # Every ROI gets at least one S1 image with NaN pixels, so preparation always meets some.
     s1_nan = np.zeros(patches * times, bool)
     s1_nan[rng.choice(patches * times, max(1, round(patches * times * S1_NAN_IMAGE_RATE)), replace=False)] = True
     return _Plan(
@@ -275,14 +284,21 @@ def _field(rng: np.random.Generator, shape: tuple[int, int], sigma: float, *, st
     across = -kx * np.sin(angle) + ky * np.cos(angle)
     transfer = np.exp(-2 * np.pi**2 * sigma**2 * ((stretch * along) ** 2 + across**2))
     field = np.fft.irfft2(np.fft.rfft2(rng.standard_normal(shape)) * transfer, s=shape)
-    return ((field - field.mean()) / field.std()).astype(np.float32)
+    return ((field - field.mean()) / max(field.std(), 1e-12)).astype(np.float32)
+
+
+def _land_field(rng: np.random.Generator, shape: tuple[int, int], sigma: float) -> np.ndarray:
+    """Smooth noise on the canvas, cut from a field that holds a few correlation lengths, so
+    that scales larger than a small canvas still vary from ROI to ROI (not periodic)."""
+    big = (max(shape[0], int(6 * sigma)), max(shape[1], int(6 * sigma)))
+    return _field(rng, big, sigma)[: shape[0], : shape[1]]
 
 
 @dataclass
 class _Scene:
     """Per-ROI pixel fields on the canvas (size rows, patches*size cols) and the cloud fields."""
 
-    cover: np.ndarray  # (4, H, W) land-cover memberships, sum 1
+    land: np.ndarray  # (4, H, W) memberships of LAND_COVERS, sum 1
     static_s2: np.ndarray  # (13, H, W) reflectance of water, soil and urban (they do not change)
     vegetation: np.ndarray  # (H, W) vegetation membership times ground brightness
     greenness_shift: np.ndarray  # (H, W) days of phenology shift (fields, crops)
@@ -297,23 +313,22 @@ def _scene(roi: RoiId, plan: _Plan, *, patches: int, size: int, seed: int) -> _S
     shape = (size, patches * size)
     bias = np.array([-0.7, 0.4, 0.0, -0.4]) + rng.normal(0, 0.35, 4)
     # Three scales: parcels and ponds, fields and villages, lakes and towns.
-    logits = np.stack([0.45 * _field(rng, shape, 5.0) + 0.7 * _field(rng, shape, 15.0)
-                       + 0.55 * _field(rng, shape, 45.0) + b for b in bias])  # fmt: skip
-    cover = np.exp((logits - logits.max(axis=0)) / 0.2)
-    cover /= cover.sum(axis=0)
-    cover = cover.astype(np.float32)
-    brightness = 1 + 0.06 * _field(rng, shape, 2.0) + 0.04 * _field(rng, shape, 10.0)
-    urban_texture = _field(rng, shape, 1.0)
+    logits = np.stack([0.45 * _land_field(rng, shape, 5.0) + 0.7 * _land_field(rng, shape, 15.0)
+                       + 0.55 * _land_field(rng, shape, 45.0) + b for b in bias])  # fmt: skip
+    land = np.exp((logits - logits.max(axis=0)) / 0.2)
+    land = (land / land.sum(axis=0)).astype(np.float32)
+    brightness = 1 + 0.06 * _land_field(rng, shape, 2.0) + 0.04 * _land_field(rng, shape, 10.0)
+    urban_texture = _land_field(rng, shape, 1.0)
     spectra = {name: np.array(values, np.float32)[:, None, None] for name, values in _SPECTRA.items()}
-    static_s2 = cover[0] * spectra["water"] + cover[2] * spectra["soil"]
-    static_s2 += cover[3] * spectra["urban"] * (1 + 0.12 * urban_texture)
+    static_s2 = land[0] * spectra["water"] + land[2] * spectra["soil"]
+    static_s2 += land[3] * spectra["urban"] * (1 + 0.12 * urban_texture)
     field_shape = (2 * max(size, 64), (patches + 1) * max(size, 64))
     u, v = plan.wind.mean(axis=0)
     return _Scene(
-        cover=cover,
+        land=land,
         static_s2=static_s2 * brightness,
-        vegetation=cover[1] * brightness,
-        greenness_shift=25 * _field(rng, shape, 5.0),
+        vegetation=land[1] * brightness,
+        greenness_shift=25 * _land_field(rng, shape, 5.0),
         urban_texture=urban_texture,
         cumulus=0.85 * _field(rng, field_shape, 9.0) + 0.3 * _field(rng, field_shape, 3.0),
         cirrus=_field(rng, field_shape, 12.0),
@@ -334,7 +349,8 @@ def _write_roi(root: Path, roi: RoiId, writer: _Writer, *, patches: int, times: 
         ground = _ground_s2(scene, plan, t, rng)  # (13, H, W)
         s1 = _s1(scene, plan, t, rng)  # (2, H, W)
         offset = (int(start[0] + round(drift[t, 1])), int(start[1] - round(drift[t, 0])))
-        wind_rows.append((roi.rois, roi.roi, plan.dates_s2[t].isoformat(), f"{plan.wind[t, 0]:.2f}", f"{plan.wind[t, 1]:.2f}"))
+        u, v = plan.wind[t]
+        wind_rows.append((roi.rois, roi.roi, plan.dates_s2[t].isoformat(), f"{u:.2f}", f"{v:.2f}"))
         for p in range(patches):
             cols = slice(p * size, (p + 1) * size)
             cls = CLOUD_CLASSES[plan.classes[p, t]]
@@ -386,7 +402,7 @@ def _s1(scene: _Scene, plan: _Plan, t: int, rng: np.random.Generator) -> np.ndar
     }  # fmt: skip
     out = []
     for band in S1_BANDS:
-        power = sum(scene.cover[i] * 10 ** (np.asarray(db[band][name]) / 10) for i, name in enumerate(LAND_COVERS))
+        power = sum(scene.land[i] * 10 ** (np.asarray(db[band][name]) / 10) for i, name in enumerate(LAND_COVERS))
         speckle = rng.gamma(_S1_LOOKS, 1 / _S1_LOOKS, power.shape)
         out.append(10 * np.log10(power * speckle))
     return np.stack(out).astype(np.float32)
@@ -397,9 +413,10 @@ def _nan_strip(s1: np.ndarray, rng: np.random.Generator) -> None:
     size = s1.shape[-1]
     width, length = int(rng.integers(1, 3)), int(rng.integers(size // 4, size // 2 + 1))
     edge = int(rng.integers(4))
-    region = [(slice(0, width), slice(0, length)), (slice(size - width, size), slice(size - length, size)),
-              (slice(0, length), slice(0, width)), (slice(size - length, size), slice(size - width, size))][edge]  # fmt: skip
-    s1[(slice(None), *region)] = np.nan
+    near, far = slice(0, width), slice(size - width, size)
+    along_near, along_far = slice(0, length), slice(size - length, size)
+    rows, cols = [(near, along_near), (far, along_far), (along_near, near), (along_far, far)][edge]
+    s1[:, rows, cols] = np.nan
 
 
 def _window(field: np.ndarray, origin: tuple[int, int], size: int) -> np.ndarray:
@@ -436,7 +453,7 @@ def _add_clouds(scene: _Scene, ground: np.ndarray, cls: str, cover: float, origi
         field = _window(scene.cirrus, origin, size)
         level = np.quantile(field, 1 - cover) if cover < 1 else -np.inf
         envelope = np.clip((field - level) / 0.5, 0.0, 1.0)
-        streaks = 1 / (1 + np.exp(-(_window(scene.streaks, origin, size) + -0.35) / 0.12))
+        streaks = 1 / (1 + np.exp(-(_window(scene.streaks, origin, size) - _STREAK_LEVEL) / 0.12))
         depth = rng.uniform(0.85, 1.0) * envelope * (0.1 + 0.9 * streaks)
         haze = np.array(_HAZE, np.float32)[:, None, None] * depth
         haze[S2_BANDS.index("B10")] += _HAZE_B10 * depth
