@@ -80,3 +80,14 @@ def test_clear_images_and_unlabelled(tiny_store):
     unlabelled = UnlabelledSamples(tiny_store, dates=2, clear_max_cover=0.0)  # nothing counts as clear
     item = unlabelled[0]
     assert item["visible"].dtype == torch.bool and "target" not in item
+
+
+def test_epoch_concat_passes_the_epoch_to_each_part(tiny_store):
+    from vcloud.data.samples import EpochConcat
+
+    a = ClearImages(tiny_store, length=3, seed=1, crop=8, clear_max_cover=1.01)
+    b = ClearImages(tiny_store, length=2, seed=2, crop=8, clear_max_cover=1.01)
+    both = EpochConcat([a, b])
+    assert len(both) == 5
+    assert torch.equal(both[2 * 5 + 1]["target"], a[2 * 3 + 1]["target"])  # epoch 2, part a
+    assert torch.equal(both[2 * 5 + 4]["target"], b[2 * 2 + 1]["target"])  # epoch 2, part b

@@ -189,6 +189,36 @@ def _stack(s2, s1, prob, dates_s2, target_index) -> dict[str, torch.Tensor]:
     }
 
 
+class EpochConcat(Dataset):
+    """Concatenation that keeps the epoch in the index each part sees (unlike ConcatDataset)."""
+
+    def __init__(self, parts: list[Dataset]):
+        assert parts and all(len(p) for p in parts), "every part needs at least one sample"
+        self.parts = parts
+        self.offsets = np.cumsum([0] + [len(p) for p in parts])
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __getitem__(self, index: int):
+        epoch, i = divmod(int(index), len(self))
+        part = int(np.searchsorted(self.offsets, i, side="right")) - 1
+        local = i - int(self.offsets[part])
+        return self.parts[part][epoch * len(self.parts[part]) + local]
+
+
+def crop_item(item: dict[str, torch.Tensor], rng: np.random.Generator, crop: int | None) -> dict:
+    """The same random square window of every image-shaped tensor of a sample."""
+    height, width = item["x"].shape[-2:]
+    if crop is None or crop >= min(height, width):
+        return item
+    y, x = int(rng.integers(0, height - crop + 1)), int(rng.integers(0, width - crop + 1))
+    return {
+        k: v[..., y : y + crop, x : x + crop] if v.ndim >= 2 and v.shape[-2:] == (height, width) else v
+        for k, v in item.items()
+    }
+
+
 class EpochSampler(Sampler[int]):
     """Global indices `epoch * n + i` for this rank's shard, from `start` (resume mid-epoch)."""
 

@@ -18,14 +18,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import ConcatDataset, Dataset
+from torch.utils.data import Dataset
 
 from vcloud.config import ModelSetConfig
 from vcloud.constants import CLOUD_CLASSES
-from vcloud.data.samples import ClearImages, CloudySamples, UnlabelledSamples
+from vcloud.data.samples import ClearImages, CloudySamples, EpochConcat, UnlabelledSamples, crop_item
 from vcloud.models.autoencoder import Autoencoder
 from vcloud.models.cfdt import CFDT
 from vcloud.models.refiner import DiffusionSchedule, Refiner, ddim_sample, refiner_condition
@@ -198,20 +199,21 @@ def stage2(cfg: ModelSetConfig, *, train: Path, val: Path, stage0_ckpt: Path, st
 
 
 class PseudoLabelled(Dataset):
-    """Unlabelled samples with the teacher's kept pseudo-label as target."""
+    """Unlabelled samples with the teacher's kept pseudo-label as target, cropped like training."""
 
-    def __init__(self, base: UnlabelledSamples, kept: list[tuple[int, torch.Tensor]]):
-        self.base, self.kept = base, kept
+    def __init__(self, base: UnlabelledSamples, kept: list[tuple[int, torch.Tensor]], *, crop, seed: int):
+        self.base, self.kept, self.crop, self.seed = base, kept, crop, seed
 
     def __len__(self) -> int:
         return len(self.kept)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        base_index, label = self.kept[int(index) % len(self.kept)]
+        epoch, i = divmod(int(index), len(self.kept))
+        base_index, label = self.kept[i]
         item = self.base[base_index]
-        keep = ("x", "days", "target_index", "target_s1", "target_prob", "wind")
-        return {**{k: item[k] for k in keep}, "target": label, "cloud_class": torch.tensor(-1),
-                "location": item["location"]}  # fmt: skip
+        keep = ("x", "days", "target_index", "target_s1", "target_prob", "wind", "location")
+        item = {**{k: item[k] for k in keep}, "target": label, "cloud_class": torch.tensor(-1)}
+        return crop_item(item, np.random.default_rng((self.seed, epoch, i, 1)), self.crop)
 
 
 @torch.no_grad()
@@ -252,7 +254,8 @@ def stage3(
     student = CFDT(cfg.stage1.model)
     student.load_state_dict(load_checkpoint(stage1_ckpt)["model"])
     labelled = _cloudy(cfg, train, train=True, stage_epochs=cfg.stage3.train.epochs)
-    train_set: Dataset = ConcatDataset([labelled, PseudoLabelled(unlabelled, kept)]) if kept else labelled
+    pseudo = PseudoLabelled(unlabelled, kept, crop=cfg.data.crop, seed=cfg.stage3.train.seed)
+    train_set: Dataset = EpochConcat([labelled, pseudo]) if kept else labelled
 
     def loss(m, batch):
         return F.l1_loss(_draft(m, batch), batch["target"])

@@ -14,7 +14,11 @@ ROOT = Path(__file__).parents[2]
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile")]
 pytestmark = pytest.mark.workflow
 
-SMALL = {"data": {"patch_size": 32}, "synthetic": {"patches": 2}}
+SMALL = {
+    "data": {"patch_size": 32},
+    "synthetic": {"patches": 2},
+    "model_config": str(ROOT / "tests/workflow/tiny_models.yaml"),
+}
 
 
 def run(args, cwd, check=True):
@@ -54,7 +58,9 @@ def data_run(tmp_path_factory):
 def test_dry_run_plans_one_prepare_job_per_roi(data_run):
     _, dry, _ = data_run
     text = dry.stdout + dry.stderr
-    for rule, count in (("synth_raw", 1), ("prepare_roi", 4), ("assemble_split", 3)):
+    plan = [("synth_raw", 1), ("prepare_roi", 4), ("assemble_split", 3)]
+    plan += [(f"train_stage{n}", 1) for n in range(4)]
+    for rule, count in plan:
         assert any(line.split() == [rule, str(count)] for line in text.splitlines()), text[-2000:]
 
 
@@ -74,10 +80,40 @@ def test_data_part_writes_split_stores_logs_and_benchmarks(data_run):
         assert (work / f"benchmarks/prepare_roi/{slug}.tsv").is_file()
 
 
+def test_four_stages_train_end_to_end(data_run):
+    from vcloud.train.checkpoint import load_checkpoint
+
+    work, _, _ = data_run
+    for stage in range(4):
+        folder = work / f"results/stage{stage}"
+        best = load_checkpoint(folder / "best.pt")
+        assert best["stage"] == stage and best["best_metric"] == "psnr"
+        assert load_checkpoint(folder / "latest.pt")["finished"]
+        lines = (folder / "metrics.jsonl").read_text().splitlines()
+        assert len(lines) == 1 and '"val_psnr"' in lines[0]
+        assert (work / f"benchmarks/train_stage{stage}/train_stage{stage}.tsv").is_file()
+    report = (work / "results/stage3/pseudo_labels.json").read_text()
+    assert '"kept"' in report and '"scored"' in report
+
+
 def test_second_run_has_nothing_to_do(data_run):
     work, _, _ = data_run
     proc = run(["-n", "--configfile", "small.yaml", "-d", str(work)], cwd=work)
     assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+
+def test_rerun_one_stage_by_target(data_run):
+    work, _, _ = data_run
+    proc = run(["-n", "--configfile", "small.yaml", "-d", str(work), "results/stage2/best.pt", "-R", "train_stage2"], cwd=work)
+    text = proc.stdout + proc.stderr
+    stats = text.split("Job stats:", 1)[1].split("total", 1)[0]
+    jobs = [line.split()[0] for line in stats.splitlines()[3:] if line.strip()]
+    assert jobs == ["train_stage2"], text[-2000:]
+    before = {n: (work / f"results/stage{n}/best.pt").stat().st_mtime_ns for n in (1, 2)}
+    run(["--cores", "2", "--configfile", "small.yaml", "-d", str(work), "results/stage2/best.pt", "-R", "train_stage2"], cwd=work)
+    assert (work / "results/stage1/best.pt").stat().st_mtime_ns == before[1]
+    assert (work / "results/stage2/best.pt").stat().st_mtime_ns != before[2]
 
 
 def _edges(mermaid: str) -> set[tuple[str, str]]:

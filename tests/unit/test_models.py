@@ -1,0 +1,311 @@
+"""Stage models: shapes, parameter counts, gradients, bf16, the optimisations, DDIM sampling."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from vcloud.config import Optimisations, load_model_config
+from vcloud.models.autoencoder import Autoencoder
+from vcloud.models.cfdt import CFDT
+from vcloud.models.refiner import DiffusionSchedule, Refiner, ddim_sample, refiner_condition
+from vcloud.wind.cache import compute_cache
+
+ROOT = Path(__file__).parents[2]
+B, T, SIZE = 2, 4, 32
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These tensors are tiny: one thread is faster, and immune to a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def small():
+    return load_model_config(ROOT / "config/models/small.yaml")
+
+
+@pytest.fixture(scope="module")
+def full():
+    return load_model_config(ROOT / "config/models/full.yaml")
+
+
+def cfdt_batch(*, b: int = B, t: int = T, size: int = SIZE, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(b, t, 16, size, size, generator=g)  # (B, T, 16, H, W) on the 0..1 scale
+    days = torch.linspace(-120.0, 90.0, t).expand(b, t).contiguous()  # (B, T)
+    target_index = torch.tensor([1, t - 1, 0, 2][:b])  # (B,) a different target per sample
+    return x, days, target_index
+
+
+def make_cfdt(cfg, **changes) -> CFDT:
+    torch.manual_seed(0)
+    return CFDT(dataclasses.replace(cfg.stage1.model, **changes))
+
+
+def make_refiner(small) -> Refiner:
+    latent = small.stage0.model.latent_channels
+    torch.manual_seed(0)
+    return Refiner(small.stage2.model, latent_channels=latent, cond_channels=latent + 3)
+
+
+# --- shapes -----------------------------------------------------------------------------------
+
+
+def test_autoencoder_shapes(small):
+    torch.manual_seed(0)
+    model = Autoencoder(small.stage0.model)
+    f = 2 ** (len(small.stage0.model.widths) - 1)
+    assert model.downsample == f
+    x = torch.rand(B, 13, SIZE, SIZE)
+    z = model.encode(x)
+    assert z.shape == (B, small.stage0.model.latent_channels, SIZE // f, SIZE // f)
+    assert model.decode(z).shape == x.shape
+    assert model(x).shape == x.shape
+    with pytest.raises(AssertionError, match="multiples"):
+        model.encode(torch.rand(1, 13, SIZE + 1, SIZE + 1))
+
+
+def test_cfdt_shapes(small):
+    model = make_cfdt(small)
+    x, days, target_index = cfdt_batch()
+    draft = model(x, days, target_index)
+    assert draft.shape == (B, 13, SIZE, SIZE)
+    assert torch.isfinite(draft).all()
+    gate = model.gate(x, target_index)
+    assert gate.shape == (B, T, 1, SIZE, SIZE) and bool(((gate > 0) & (gate < 1)).all())
+    one = model(x[:, :1], days[:, :1], torch.zeros(B, dtype=torch.long))  # a single date
+    assert one.shape == (B, 13, SIZE, SIZE)
+
+
+def test_cfdt_uses_each_samples_own_target_date(small):
+    model = make_cfdt(small).eval()
+    x, days, target_index = cfdt_batch()
+    with torch.no_grad():
+        batched = model(x, days, target_index)
+        for b in range(B):
+            alone = model(x[b : b + 1], days[b : b + 1], target_index[b : b + 1])
+            torch.testing.assert_close(batched[b : b + 1], alone, atol=1e-5, rtol=1e-4)
+        assert not torch.allclose(batched, model(x, days, target_index.flip(0)), atol=1e-3)
+
+
+def test_refiner_shapes_and_condition(small):
+    model = make_refiner(small)
+    latent = small.stage0.model.latent_channels
+    z = torch.randn(B, latent, 16, 16)
+    s1 = torch.full((B, 2, 32, 32), 0.25)
+    cloud = torch.rand(B, 32, 32)
+    cond = refiner_condition(z, s1, cloud)
+    assert cond.shape == (B, latent + 3, 16, 16)
+    torch.testing.assert_close(cond[:, :latent], z)
+    torch.testing.assert_close(cond[:, latent : latent + 2], torch.full((B, 2, 16, 16), 0.25))
+    pooled = cloud.view(B, 16, 2, 16, 2).mean(dim=(2, 4))  # 2x2 block means
+    torch.testing.assert_close(cond[:, -1], pooled)
+    eps = model(z, torch.tensor([0, 999]), cond)
+    assert eps.shape == z.shape
+
+
+# --- parameter counts of the full configuration (meta device: nothing allocated) ---------------
+
+
+def test_full_parameter_counts_on_meta_device(full):
+    with torch.device("meta"):
+        autoencoder = Autoencoder(full.stage0.model)
+        cfdt = CFDT(full.stage1.model)
+    for model in (autoencoder, cfdt):
+        assert all(p.is_meta for p in model.parameters())
+    n_autoencoder = sum(p.numel() for p in autoencoder.parameters())
+    n_cfdt = sum(p.numel() for p in cfdt.parameters())
+    assert abs(n_autoencoder / 29.8e6 - 1) <= 0.05, n_autoencoder  # LUMI field report: 29.8M
+    assert abs(n_cfdt / 154e6 - 1) <= 0.05, n_cfdt  # and 154M
+
+
+# --- gradients and bf16 -----------------------------------------------------------------------
+
+
+def wind_cfdt(small) -> CFDT:
+    model = make_cfdt(small, wind_scan=True)
+    grid = SIZE // model.downsample
+    cache = compute_cache(grid_h=grid, grid_w=grid, sectors=8, regions=(1, 1))
+    model.set_wind_orders(torch.from_numpy(cache.orders), torch.from_numpy(cache.inverse))
+    return model
+
+
+def outputs_of_every_model(small, *, autocast: bool = False):
+    """(name, model, output) for the three models on small inputs."""
+    x, days, target_index = cfdt_batch()
+    autoencoder = Autoencoder(small.stage0.model)
+    cfdt = wind_cfdt(small)
+    refiner = make_refiner(small)
+    latent = small.stage0.model.latent_channels
+    z = torch.randn(B, latent, 16, 16)
+    cond = refiner_condition(z, torch.rand(B, 2, 32, 32), torch.rand(B, 1, 32, 32))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        yield "autoencoder", autoencoder, autoencoder(x[:, 0, :13])
+        yield "cfdt", cfdt, cfdt(x, days, target_index, torch.tensor([3, -1]))
+        yield "refiner", refiner, refiner(z, torch.tensor([5, 700]), cond)
+
+
+def test_gradients_reach_every_parameter(small):
+    for name, model, out in outputs_of_every_model(small):
+        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+        (out * weights).sum().backward()
+        missing = [
+            n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0
+        ]
+        assert not missing, f"{name}: no gradient for {missing}"
+
+
+def test_models_run_under_bf16_autocast(small):
+    for name, model, out in outputs_of_every_model(small, autocast=True):
+        assert out.dtype == torch.bfloat16, name
+        assert torch.isfinite(out.float()).all(), name
+        out.float().square().mean().backward()
+        grads = [p.grad for p in model.parameters()]
+        assert all(g is not None and g.dtype == torch.float32 for g in grads), name
+
+
+def test_wind_scan_without_sectors_is_no_reordering(small):
+    model = wind_cfdt(small).eval()
+    x, days, target_index = cfdt_batch()
+    with torch.no_grad():
+        none = model(x, days, target_index)
+        torch.testing.assert_close(none, model(x, days, target_index, torch.tensor([-1, -1])))
+        assert not torch.allclose(
+            none, model(x, days, target_index, torch.tensor([2, 5])), atol=1e-4
+        )
+
+
+# --- the memory optimisations leave the output alone ------------------------------------------
+
+
+def draft_and_grads(model: CFDT, optimisations: Optimisations, batch) -> tuple[torch.Tensor, list]:
+    model.optimisations = optimisations
+    model.zero_grad(set_to_none=True)
+    draft = model(*batch)
+    draft.square().mean().backward()
+    return draft.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize(
+    "before, after",
+    [
+        (Optimisations(), Optimisations(grad_checkpoint=True)),
+        # target_only only changes what the per-date (checkpointed) path keeps
+        (
+            Optimisations(grad_checkpoint=True),
+            Optimisations(grad_checkpoint=True, target_only_pyramid=True),
+        ),
+        (Optimisations(), Optimisations(gate_chunk=5)),  # 24 pairs in chunks of 5
+        (
+            Optimisations(),
+            Optimisations(grad_checkpoint=True, target_only_pyramid=True, gate_chunk=7),
+        ),
+    ],
+    ids=["grad_checkpoint", "target_only_pyramid", "gate_chunk", "all_three"],
+)
+def test_exact_optimisations_keep_outputs_and_gradients(small, before, after):
+    model = make_cfdt(small)
+    batch = cfdt_batch()
+    draft0, grads0 = draft_and_grads(model, before, batch)
+    draft1, grads1 = draft_and_grads(model, after, batch)
+    torch.testing.assert_close(draft1, draft0, atol=1e-5, rtol=1e-4)
+    for g0, g1 in zip(grads0, grads1):
+        torch.testing.assert_close(g1, g0, atol=1e-5, rtol=1e-4)
+
+
+def smooth_batch(size: int):
+    """Per-date constants plus one gentle wave across the image: a smooth gate input."""
+    g = torch.Generator().manual_seed(3)
+    yy, xx = torch.meshgrid(torch.linspace(0, 1, size), torch.linspace(0, 1, size), indexing="ij")
+    base = torch.rand(B, T, 16, 1, 1, generator=g)
+    phase = 2 * math.pi * torch.rand(B, T, 16, 1, 1, generator=g)
+    x = (base + 0.3 * torch.sin(2 * math.pi * xx + phase) * torch.cos(math.pi * yy)).clamp(0, 1)
+    return x, base.expand(B, T, 16, size, size)
+
+
+def test_reduced_resolution_gate_is_close_for_a_smooth_gate(small):
+    """Why these tolerances. At resolution r < size every 3x3 conv of the gate sees a
+    neighbourhood size/r times wider, which adds a term proportional to the input's
+    gradient, and the gate is resampled bilinearly; both vanish for a constant input.
+    Zero padding changes a band of (layers + 2) gate pixels at the image edge, which we
+    leave out. The final conv is scaled up so that the gate really varies (interior range
+    >= 0.05); at half resolution we then ask for a mean difference within 10% and a
+    maximum within 30% of that range, and for drafts within 5% of their spread."""
+    size, resolution = 64, 32
+    model = make_cfdt(small).eval()
+    with torch.no_grad():
+        model.gate.pair_cnn[-1].weight.mul_(30.0)
+    smooth, constant = smooth_batch(size)
+    target_index = torch.tensor([0, 2])
+    band = (small.stage1.model.gate_layers + 2) * size // resolution
+    interior = (..., slice(band, -band), slice(band, -band))
+    with torch.no_grad():
+        # constant inputs: the same gate at any resolution (away from the edge band)
+        full = model.gate(constant, target_index)
+        low = model.gate(constant, target_index, resolution=resolution)
+        torch.testing.assert_close(low[interior], full[interior], atol=1e-5, rtol=0)
+
+        full = model.gate(smooth, target_index)
+        low = model.gate(smooth, target_index, resolution=resolution)
+        inner = full[interior]
+        spread = (inner.amax(dim=(-1, -2)) - inner.amin(dim=(-1, -2))).mean()
+        assert spread >= 0.05, f"the test gate hardly varies ({spread:.3f}); nothing is tested"
+        difference = (low - full)[interior].abs()
+        assert difference.mean() <= 0.1 * spread, (difference.mean(), spread)
+        assert difference.max() <= 0.3 * spread, (difference.max(), spread)
+
+        days = torch.linspace(-120.0, 90.0, T).expand(B, T)
+        model.optimisations = Optimisations()
+        draft = model(smooth, days, target_index)
+        model.optimisations = Optimisations(gate_resolution=resolution)
+        draft_low = model(smooth, days, target_index)
+        assert (draft_low - draft).abs().mean() <= 0.05 * draft.std()
+
+
+# --- diffusion ---------------------------------------------------------------------------------
+
+
+def test_q_sample_and_schedules():
+    for kind in ("cosine", "linear"):
+        schedule = DiffusionSchedule(1000, kind=kind)
+        abar = schedule.alphas_cumprod
+        assert abar.shape == (1000,) and bool((abar[1:] < abar[:-1]).all()) and abar[0] > 0.999
+        z0, noise = torch.randn(3, 4, 8, 8), torch.randn(3, 4, 8, 8)
+        zt = schedule.q_sample(z0, torch.tensor([0, 500, 999]), noise)
+        torch.testing.assert_close(zt[0], z0[0], atol=0.05, rtol=0)  # abar_0 > 0.9999
+        expected = abar[500].sqrt() * z0[1] + (1 - abar[500]).sqrt() * noise[1]
+        torch.testing.assert_close(zt[1], expected.float())
+    assert DiffusionSchedule(1000).sampling_timesteps(4) == [999, 666, 333, 0]
+    with pytest.raises(ValueError, match="schedule"):
+        DiffusionSchedule(10, kind="quadratic")
+
+
+def test_ddim_sampling_is_deterministic_per_seed(small):
+    model = make_refiner(small).eval()
+    latent = small.stage0.model.latent_channels
+    cond = torch.rand(B, latent + 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    shape = (B, latent, 16, 16)
+
+    def sample(seed: int) -> torch.Tensor:
+        return ddim_sample(
+            model,
+            cond,
+            steps=4,
+            generator=torch.Generator().manual_seed(seed),
+            shape=shape,
+            clip=5.0,
+        )
+
+    first, again, other = sample(0), sample(0), sample(1)
+    assert first.shape == shape and torch.isfinite(first).all()
+    assert torch.equal(first, again)
+    assert (first - other).abs().mean() > 1e-3
