@@ -145,6 +145,7 @@ def outputs_of_every_model(small, *, autocast: bool = False):
     autoencoder = Autoencoder(small.stage0.model)
     cfdt = wind_cfdt(small)
     refiner = make_refiner(small)
+    torch.nn.init.normal_(refiner.head[-1].weight, std=0.05)  # past the zero start: gradients everywhere
     latent = small.stage0.model.latent_channels
     z = torch.randn(B, latent, 16, 16)
     cond = refiner_condition(z, torch.rand(B, 2, 32, 32), torch.rand(B, 1, 32, 32))
@@ -289,8 +290,17 @@ def test_q_sample_and_schedules():
         DiffusionSchedule(10, kind="quadratic")
 
 
+def test_untrained_refiner_predicts_no_correction(small):
+    model = make_refiner(small).eval()
+    latent = small.stage0.model.latent_channels
+    cond = torch.rand(B, latent + 3, 16, 16)
+    out = ddim_sample(model, cond, steps=4, generator=torch.Generator().manual_seed(0), shape=(B, latent, 16, 16))
+    assert torch.equal(out, torch.zeros_like(out))  # the stage-1 draft passes through unchanged
+
+
 def test_ddim_sampling_is_deterministic_per_seed(small):
     model = make_refiner(small).eval()
+    torch.nn.init.normal_(model.head[-1].weight, std=0.05)  # as after some training
     latent = small.stage0.model.latent_channels
     cond = torch.rand(B, latent + 3, 16, 16, generator=torch.Generator().manual_seed(0))
     shape = (B, latent, 16, 16)

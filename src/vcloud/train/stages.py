@@ -4,8 +4,8 @@
 - stage 1: CFDT draft model; input T dates with a synthetic cloud (curriculum class) on the
   clear target date; L1 to the clear image; val on fixed seeded clouds of every class.
 - stage 2: diffusion refiner in the stage-0 latent space, conditioned on the frozen stage-1
-  draft and the target date's S1 + cloud probability; noise-prediction MSE; val PSNR of the
-  few-step DDIM sample.
+  draft and the target date's S1 + cloud probability; it diffuses the latent residual between
+  the clear target and the draft (x0 prediction, MSE); val PSNR of the few-step DDIM sample.
 - stage 3: self-training. The stage 1+2 teacher labels cloudy-only samples (locations with no
   clear date); a pseudo-label is kept when refiner samples from `sampler_seeds` seeds agree
   (mean |difference| <= max_seed_spread) and it matches the pixels the cloud mask calls clear
@@ -129,10 +129,10 @@ class RefinerPipeline(nn.Module):
     """
 
     def __init__(self, autoencoder: nn.Module, cfdt: nn.Module, refiner: nn.Module, *, timesteps: int,
-                 latent_channels: int):  # fmt: skip
+                 schedule: str, latent_channels: int):  # fmt: skip
         super().__init__()
         self.autoencoder, self.cfdt, self.refiner = autoencoder, cfdt, refiner
-        self.schedule = DiffusionSchedule(timesteps)
+        self.schedule = DiffusionSchedule(timesteps, kind=schedule)
         self.latent_channels = latent_channels
 
     def state_dict(self, *args, **kwargs):
@@ -147,30 +147,29 @@ class RefinerPipeline(nn.Module):
         self.cfdt.eval()
         return self
 
-    def condition(self, batch: dict) -> torch.Tensor:
-        with torch.no_grad():
-            draft = _draft(self.cfdt, batch)
-            latent = self.autoencoder.encode(draft)
-        return refiner_condition(latent, batch["target_s1"], batch["target_prob"])
+    @torch.no_grad()
+    def condition(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(draft latent, refiner condition) for a batch."""
+        latent = self.autoencoder.encode(_draft(self.cfdt, batch))
+        return latent, refiner_condition(latent, batch["target_s1"], batch["target_prob"])
 
     def forward(self, batch: dict) -> torch.Tensor:
-        """Noise-prediction loss on the clear target's latent."""
+        """x0-prediction loss on the latent residual between the clear target and the draft."""
+        draft_latent, cond = self.condition(batch)
         with torch.no_grad():
-            z0 = self.autoencoder.encode(batch["target"])
-        cond = self.condition(batch)
-        t = torch.randint(0, self.schedule.timesteps, (z0.shape[0],), device=z0.device)
-        noise = torch.randn_like(z0)
-        z_t = self.schedule.q_sample(z0, t, noise)
-        return F.mse_loss(self.refiner(z_t, t, cond).float(), noise.float())
+            r0 = (self.autoencoder.encode(batch["target"]) - draft_latent).float()
+        t = torch.randint(0, self.schedule.timesteps, (r0.shape[0],), device=r0.device)
+        r_t = self.schedule.q_sample(r0, t, torch.randn_like(r0))
+        return F.mse_loss(self.refiner(r_t, t, cond).float(), r0)
 
     @torch.no_grad()
     def sample(self, batch: dict, *, steps: int, seed: int) -> torch.Tensor:
-        """Deterministic few-step sample, decoded to S2 (B, 13, H, W)."""
-        cond = self.condition(batch)
-        shape = (cond.shape[0], self.latent_channels, *cond.shape[2:])
+        """Deterministic few-step refinement, decoded to S2 (B, 13, H, W)."""
+        draft_latent, cond = self.condition(batch)
+        shape = tuple(draft_latent.shape)
         generator = torch.Generator(device=cond.device).manual_seed(seed)
-        z0 = ddim_sample(self.refiner, cond, steps=steps, generator=generator, shape=shape, schedule=self.schedule)
-        return self.autoencoder.decode(z0).clamp(0, 1)
+        residual = ddim_sample(self.refiner, cond, steps=steps, generator=generator, shape=shape, schedule=self.schedule)
+        return self.autoencoder.decode(draft_latent + residual.to(draft_latent.dtype)).clamp(0, 1)
 
 
 def build_pipeline(cfg: ModelSetConfig, *, stage0_ckpt: Path, stage1_ckpt: Path) -> RefinerPipeline:
@@ -178,7 +177,10 @@ def build_pipeline(cfg: ModelSetConfig, *, stage0_ckpt: Path, stage1_ckpt: Path)
     cfdt = load_frozen(CFDT(cfg.stage1.model), stage1_ckpt, stage=1)
     latent = cfg.stage0.model.latent_channels
     refiner = Refiner(cfg.stage2.model, latent_channels=latent, cond_channels=latent + 3)
-    return RefinerPipeline(autoencoder, cfdt, refiner, timesteps=cfg.stage2.model.timesteps, latent_channels=latent)
+    return RefinerPipeline(
+        autoencoder, cfdt, refiner, timesteps=cfg.stage2.model.timesteps, schedule=cfg.stage2.model.schedule,
+        latent_channels=latent,
+    )  # fmt: skip
 
 
 def stage2(cfg: ModelSetConfig, *, train: Path, val: Path, stage0_ckpt: Path, stage1_ckpt: Path) -> StageTask:

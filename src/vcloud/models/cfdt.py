@@ -1,0 +1,378 @@
+"""Stage 1: the cloud-free draft transformer (CFDT) over T dates of S2 + S1 + cloud probability.
+
+    gate = ChangeGate(x)                          (B, T, 1, H, W), one smooth map per date
+    coarsest, levels = DateEncoder(x)             (B, T, C3, H/8, W/8) for every date, and
+                                                  the target date's levels 0..2 only
+    fused = TMT(coarsest * gate, days)            (B, C3, H/8, W/8) at the target date
+    fused = WindScanMixing(fused, sectors)        if wind_scan
+    draft = DraftDecoder(fused, levels * gate[target])    (B, 13, H, W)
+
+Change gate. For every ordered pair (i, j), i != j, of one sample's dates a small CNN on the
+concatenated per-date gate features gives a score map c_ij, "date j is reliable seen from
+date i". Date j's gate is sigmoid(mean_i c_ij + c_target,j) (the second term is 0 for the
+target itself): the consensus term flags what is transient (clouds, shadows), the target
+term what differs from the target. We use all T(T-1) ordered pairs (240 at T=16), not only
+the T-1 (target, other) pairs, because the consensus term needs them. The gate scales each
+date's coarsest tokens before the TMT and the target's skip features before the decoder.
+
+Memory optimisations (`Optimisations`; bf16 autocast is applied by the caller):
+    grad_checkpoint      per-date encoder calls, the gate embedding and each gate chunk
+                         are recomputed in backward instead of stored. (Without it the
+                         encoder runs on all dates in one batched call.)
+    gate_resolution      the gate is computed at this size (antialiased bilinear down) and
+                         bilinearly upsampled back; it is a smooth map.
+    target_only_pyramid  only the target date's levels 0..2 are kept as the encoder runs;
+                         other dates keep their coarsest level. Same output; it matters
+                         together with grad_checkpoint, when the encoder outputs are all
+                         that is held of the encoder.
+    gate_chunk           date pairs go through the gate CNN this many at a time. Same
+                         output and same bytes saved for backward; it bounds the working
+                         set of the gate (and of its recomputation under grad_checkpoint).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from vcloud.config import CFDTConfig, Optimisations
+from vcloud.models.blocks import (
+    Downsample,
+    LayerNorm,
+    ResBlock,
+    Upsample,
+    maybe_checkpoint,
+    output_head,
+    sinusoidal_embedding,
+)
+from vcloud.models.wind_scan import WindScanMixing
+
+LEVELS = 4  # pyramid levels; the coarsest is H/8 x W/8
+
+
+class PyramidEncoder(nn.Module):
+    """One date: (N, C_in, H, W) -> LEVELS maps (N, widths[l], H / 2**l, W / 2**l)."""
+
+    def __init__(self, in_channels: int, widths: tuple[int, ...], *, blocks_per_level: int) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(in_channels, widths[0], 3, padding=1)
+        self.levels = nn.ModuleList()
+        for level, width in enumerate(widths):
+            layers: list[nn.Module] = [Downsample(widths[level - 1], width)] if level else []
+            layers += [ResBlock(width) for _ in range(blocks_per_level)]
+            self.levels.append(nn.Sequential(*layers))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = self.stem(x)  # (N, w0, H, W)
+        features = []
+        for level in self.levels:
+            h = level(h)  # (N, w_l, H / 2**l, W / 2**l)
+            features.append(h)
+        return tuple(features)
+
+
+class DateEncoder(nn.Module):
+    """Run the shared PyramidEncoder over the T dates (one date at a time when checkpointing).
+
+    forward(x (B, T, C, H, W), target_index (B,)) -> coarsest (B, T, C3, H/8, W/8) and the
+    target date's levels 0..LEVELS-2, each (B, w_l, H / 2**l, W / 2**l).
+    """
+
+    def __init__(self, in_channels: int, widths: tuple[int, ...], *, blocks_per_level: int) -> None:
+        super().__init__()
+        self.pyramid = PyramidEncoder(in_channels, widths, blocks_per_level=blocks_per_level)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        target_index: torch.Tensor,
+        *,
+        checkpointing: bool = False,
+        target_only: bool = False,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        b, t = x.shape[:2]
+        rows = torch.arange(b, device=x.device)
+        if not (checkpointing and torch.is_grad_enabled()):
+            # Every date's activations are kept for backward anyway (or none is), so one
+            # batched call (fewer, larger kernels) stores the same; target_only is moot.
+            levels = self.pyramid(rearrange(x, "b t c h w -> (b t) c h w"))
+            levels = [rearrange(f, "(b t) c h w -> b t c h w", b=b) for f in levels]
+            return levels[-1], [f[rows, target_index] for f in levels[:-1]]
+        coarsest = []
+        target: list[torch.Tensor] = []  # target_only: running selection of the target's levels
+        pyramids = []  # otherwise: every date's whole pyramid
+        for date in range(t):
+            levels = maybe_checkpoint(self.pyramid, x[:, date], enabled=True)
+            coarsest.append(levels[-1])  # (B, C3, h, w)
+            if not target_only:
+                pyramids.append(levels)
+            elif not target:
+                target = list(levels[:-1])
+            else:
+                is_target = (target_index == date).view(b, 1, 1, 1)
+                target = [torch.where(is_target, f, kept) for f, kept in zip(levels[:-1], target)]
+            del levels
+        if not target_only:
+            stacked = (
+                torch.stack([p[level] for p in pyramids], dim=1) for level in range(LEVELS - 1)
+            )
+            target = [levels[rows, target_index] for levels in stacked]  # (B, w_l, H_l, W_l)
+        return torch.stack(coarsest, dim=1), target  # (B, T, C3, h, w), [(B, w_l, H_l, W_l)]
+
+
+class ChangeGate(nn.Module):
+    """Per-date reliability gate from all ordered date pairs (see the module docstring).
+
+    forward(x (B, T, C, H, W), target_index (B,)) -> gate (B, T, 1, H, W) in (0, 1).
+
+    No normalisation layers: GroupNorm would tie every pixel to whole-image statistics,
+    which change with the resolution, and a gate computed at reduced resolution should
+    approximate the full-resolution one where the inputs are smooth. Zero padding, not
+    replicate: replication_pad2d keeps its input for backward, storing each pair twice.
+    """
+
+    def __init__(self, in_channels: int, *, width: int, layers: int = 2) -> None:
+        super().__init__()
+        assert layers >= 1, f"gate needs at least one hidden layer, got {layers}"
+        self.embed = nn.Sequential(nn.Conv2d(in_channels, width, 3, padding=1), nn.SiLU())
+        cnn: list[nn.Module] = []
+        for layer in range(layers):
+            cnn += [nn.Conv2d(2 * width if layer == 0 else width, width, 3, padding=1), nn.SiLU()]
+        cnn.append(nn.Conv2d(width, 1, 1))
+        self.pair_cnn = nn.Sequential(*cnn)
+
+    def pair_scores(
+        self, features: torch.Tensor, first: torch.Tensor, second: torch.Tensor
+    ) -> torch.Tensor:
+        # features (B*T, G, h, w); first, second (P,) rows of features -> (P, 1, h, w)
+        pairs = torch.cat(
+            [features.index_select(0, first), features.index_select(0, second)], dim=1
+        )
+        return self.pair_cnn(pairs)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        target_index: torch.Tensor,
+        *,
+        resolution: int | None = None,
+        chunk: int | None = None,
+        checkpointing: bool = False,
+    ) -> torch.Tensor:
+        b, t, _, height, width = x.shape
+        if t == 1:
+            return x.new_ones(b, 1, 1, height, width)
+        flat = rearrange(x, "b t c h w -> (b t) c h w")
+        size = (height, width)
+        if resolution is not None and (height > resolution or width > resolution):
+            size = (min(height, resolution), min(width, resolution))
+            flat = F.interpolate(
+                flat, size=size, mode="bilinear", align_corners=False, antialias=True
+            )
+        features = maybe_checkpoint(self.embed, flat, enabled=checkpointing)  # (B*T, G, h, w)
+
+        # Ordered pairs (i, j), i != j, row-major per sample: k -> i = k // (T-1), j skips i.
+        k = torch.arange(t * (t - 1), device=x.device)
+        i, r = k // (t - 1), k % (t - 1)
+        j = r + (r >= i).long()
+        base = (torch.arange(b, device=x.device) * t)[:, None]  # (B, 1)
+        first, second = (base + i).flatten(), (base + j).flatten()  # (P,) with P = B*T*(T-1)
+        step = chunk or first.numel()
+        scores = torch.cat(
+            [
+                maybe_checkpoint(
+                    self.pair_scores,
+                    features,
+                    first[s : s + step],
+                    second[s : s + step],
+                    enabled=checkpointing,
+                )
+                for s in range(0, first.numel(), step)
+            ]
+        )  # (P, 1, h, w)
+
+        # Dense (B, T, T) score maps with a zero diagonal: slot 0 of `padded` is the zero.
+        scores = rearrange(scores, "(b p) 1 h w -> b p h w", b=b)  # (B, T*(T-1), h, w)
+        padded = torch.cat([torch.zeros_like(scores[:, :1]), scores], dim=1)
+        ii, jj = torch.meshgrid(
+            torch.arange(t, device=x.device), torch.arange(t, device=x.device), indexing="ij"
+        )
+        pair_slot = 1 + ii * (t - 1) + jj - (jj > ii).long()  # 1 + index of (i, j) in the pairs
+        slot = torch.where(ii == jj, 0, pair_slot).flatten()  # (T*T,)
+        dense = padded.index_select(1, slot).view(b, t, t, *size)  # (B, T_i, T_j, h, w)
+        consensus = dense.mean(dim=1) * (t / (t - 1))  # (B, T, h, w) mean over i != j
+        relative = dense[torch.arange(b, device=x.device), target_index]  # (B, T, h, w)
+        gate = torch.sigmoid(consensus + relative)  # (B, T, h, w)
+        if size != (height, width):
+            gate = F.interpolate(gate, size=(height, width), mode="bilinear", align_corners=False)
+        return gate[:, :, None]  # (B, T, 1, H, W)
+
+
+class TransformerLayer(nn.Module):
+    """Pre-norm self-attention + MLP over a short sequence: (N, T, C) -> (N, T, C)."""
+
+    def __init__(self, dim: int, *, heads: int, mlp_ratio: float = 4.0) -> None:
+        super().__init__()
+        assert dim % heads == 0, f"dim {dim} is not divisible by {heads} heads"
+        self.heads = heads
+        hidden = int(dim * mlp_ratio)
+        self.norm1 = LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+    def forward(self, seq: torch.Tensor) -> torch.Tensor:
+        q, k, v = rearrange(
+            self.qkv(self.norm1(seq)), "n t (three h d) -> three n h t d", three=3, h=self.heads
+        )
+        attended = F.scaled_dot_product_attention(q, k, v)  # (N, heads, T, d)
+        seq = seq + self.proj(rearrange(attended, "n h t d -> n t (h d)"))
+        return seq + self.mlp(self.norm2(seq))
+
+
+class TemporalTransformer(nn.Module):
+    """TMT: attention across the T dates at every coarsest-level position.
+
+    forward(tokens (B, T, C, h, w), gate (B, T, 1, H, W), days (B, T), target_index (B,))
+    -> the target date's fused tokens (B, h*w, C).
+    """
+
+    def __init__(
+        self, dim: int, *, layers: int, heads: int, day_embedding: int, mlp_ratio: float = 4.0
+    ) -> None:
+        super().__init__()
+        self.day_embedding = day_embedding
+        self.day_mlp = nn.Sequential(nn.Linear(day_embedding, dim), nn.SiLU(), nn.Linear(dim, dim))
+        self.layers = nn.ModuleList(
+            TransformerLayer(dim, heads=heads, mlp_ratio=mlp_ratio) for _ in range(layers)
+        )
+        self.norm = LayerNorm(dim)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        gate: torch.Tensor,
+        days: torch.Tensor,
+        target_index: torch.Tensor,
+    ) -> torch.Tensor:
+        b, t, _, h, w = tokens.shape
+        gate = F.adaptive_avg_pool2d(gate.flatten(0, 1), (h, w)).view(b, t, 1, h, w)
+        days = sinusoidal_embedding(days, self.day_embedding, max_period=1000.0)  # (B, T, E)
+        emb = self.day_mlp(days).to(tokens.dtype)  # (B, T, C)
+        gated = tokens * gate.to(tokens.dtype)  # (B, T, C, h, w)
+        seq = rearrange(gated, "b t c h w -> b (h w) t c") + emb[:, None]  # (B, h*w, T, C)
+        seq = rearrange(seq, "b n t c -> (b n) t c")  # (B*h*w, T, C)
+        for layer in self.layers:
+            seq = layer(seq)
+        seq = rearrange(seq, "(b n) t c -> b n t c", b=b)
+        return self.norm(seq[torch.arange(b, device=seq.device), :, target_index])  # (B, h*w, C)
+
+
+class DraftDecoder(nn.Module):
+    """Coarsest fused map up to full resolution, with the target date's gated skips.
+
+    forward(fused (B, C3, h, w), skips [(B, w_l, H_l, W_l)] for l = 0..2, gate (B, 1, H, W))
+    -> (B, out_channels, H, W).
+    """
+
+    def __init__(
+        self, widths: tuple[int, ...], out_channels: int, *, blocks_per_level: int
+    ) -> None:
+        super().__init__()
+        self.bottom = nn.Sequential(*[ResBlock(widths[-1]) for _ in range(blocks_per_level)])
+        self.ups = nn.ModuleList()
+        self.fuse = nn.ModuleList()
+        for level in reversed(range(len(widths) - 1)):
+            width = widths[level]
+            self.ups.append(Upsample(widths[level + 1], width))
+            blocks = [ResBlock(2 * width, width)] + [
+                ResBlock(width) for _ in range(blocks_per_level - 1)
+            ]
+            self.fuse.append(nn.Sequential(*blocks))
+        self.head = output_head(widths[0], out_channels)
+
+    def forward(
+        self, fused: torch.Tensor, skips: list[torch.Tensor], gate: torch.Tensor
+    ) -> torch.Tensor:
+        h = self.bottom(fused)  # (B, C3, h, w)
+        for up, fuse, skip in zip(self.ups, self.fuse, reversed(skips)):
+            h = up(h)  # (B, w_l, H_l, W_l)
+            g = F.adaptive_avg_pool2d(gate, skip.shape[-2:]).to(skip.dtype)  # (B, 1, H_l, W_l)
+            h = fuse(torch.cat([h, skip * g], dim=1))
+        return self.head(h)  # (B, out, H, W)
+
+
+class CFDT(nn.Module):
+    """forward(x (B, T, C, H, W), days (B, T), target_index (B,), sectors (B,) | None) -> draft.
+
+    The draft is (B, out_channels = 13, H, W). `days` are float day offsets from the target
+    date; `sectors` index the wind scan orders installed with `set_wind_orders` (-1 or None:
+    no reordering; ignored without wind_scan). `optimisations` is read at every forward and
+    may be replaced to switch optimisations on a built model.
+    """
+
+    def __init__(self, cfg: CFDTConfig, *, in_channels: int = 16, out_channels: int = 13) -> None:
+        super().__init__()
+        widths = tuple(cfg.widths)
+        assert len(widths) == LEVELS, f"CFDT needs {LEVELS} widths, got {widths}"
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.downsample = 2 ** (LEVELS - 1)
+        self.optimisations: Optimisations = cfg.optimisations
+        self.gate = ChangeGate(in_channels, width=cfg.gate_width, layers=cfg.gate_layers)
+        self.encoder = DateEncoder(in_channels, widths, blocks_per_level=cfg.blocks_per_level)
+        self.tmt = TemporalTransformer(
+            widths[-1],
+            layers=cfg.tmt_layers,
+            heads=cfg.tmt_heads,
+            day_embedding=cfg.day_embedding,
+            mlp_ratio=cfg.tmt_mlp_ratio,
+        )
+        self.wind = WindScanMixing(widths[-1]) if cfg.wind_scan else None
+        self.decoder = DraftDecoder(widths, out_channels, blocks_per_level=cfg.blocks_per_level)
+
+    def set_wind_orders(self, orders: torch.Tensor, inverse: torch.Tensor) -> None:
+        """Install (S, (H/8)*(W/8)) scan orders of the coarsest token grid (from the wind cache)."""
+        assert self.wind is not None, "this CFDT was built with wind_scan: false"
+        self.wind.set_orders(orders, inverse)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        days: torch.Tensor,
+        target_index: torch.Tensor,
+        sectors: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        assert x.ndim == 5 and x.shape[2] == self.in_channels, (
+            f"expected x (B, T, {self.in_channels}, H, W), got {tuple(x.shape)}"
+        )
+        b, t, _, height, width = x.shape
+        assert height % self.downsample == 0 and width % self.downsample == 0, (
+            f"H and W must be multiples of {self.downsample}, got {height}x{width}"
+        )
+        assert days.shape == (b, t), f"days must be ({b}, {t}), got {tuple(days.shape)}"
+        assert target_index.shape == (b,) and not target_index.is_floating_point(), (
+            f"target_index must be ({b},) integer, got {tuple(target_index.shape)} "
+            f"{target_index.dtype}"
+        )
+        opt = self.optimisations
+        gate = self.gate(
+            x,
+            target_index,
+            resolution=opt.gate_resolution,
+            chunk=opt.gate_chunk,
+            checkpointing=opt.grad_checkpoint,
+        )  # (B, T, 1, H, W)
+        coarsest, skips = self.encoder(
+            x, target_index, checkpointing=opt.grad_checkpoint, target_only=opt.target_only_pyramid
+        )  # (B, T, C3, h, w), [(B, w_l, H_l, W_l)]
+        fused = self.tmt(coarsest, gate, days, target_index)  # (B, h*w, C3)
+        if self.wind is not None:
+            fused = self.wind(fused, sectors) if sectors is not None else self.wind.mixer(fused)
+        h, w = coarsest.shape[-2:]
+        fused = rearrange(fused, "b (h w) c -> b c h w", h=h, w=w)
+        target_gate = gate[torch.arange(b, device=x.device), target_index]  # (B, 1, H, W)
+        return self.decoder(fused, skips, target_gate)  # (B, 13, H, W)

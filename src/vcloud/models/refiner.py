@@ -1,0 +1,208 @@
+"""Stage 2: conditional diffusion refiner in the stage-0 latent space.
+
+What diffuses is the residual r = latent(clear target) - latent(stage-1 draft), and the
+refiner, a small UNet, predicts the clean residual r0 from a noised r_t ("x0 prediction")
+given the condition: the stage-0 latent of the draft plus the target date's S1 (2 channels)
+and cloud probability (1), average-pooled to latent resolution (`refiner_condition`).
+Why residual + x0: the output head starts at zero, so an untrained or weak refiner returns
+the draft unchanged instead of amplified noise (with eps prediction the first DDIM step of a
+cosine schedule multiplies prediction errors ~2e4 times), and training only has to learn the
+correction. Sampling is deterministic DDIM (eta = 0): the only randomness is the initial
+noise, drawn from the caller's generator, so one seed gives one sample and seeds differ.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vcloud.config import RefinerConfig
+from vcloud.models.blocks import Downsample, ResBlock, Upsample, output_head, sinusoidal_embedding
+
+CONDITION_EXTRA_CHANNELS = 3  # target date's S1 VV, VH and cloud probability
+
+
+def refiner_condition(
+    draft_latent: torch.Tensor, s1: torch.Tensor, cloud_prob: torch.Tensor
+) -> torch.Tensor:
+    """(B, Cz, h, w), (B, 2, H, W), (B, 1, H, W) or (B, H, W) -> cond (B, Cz + 3, h, w)."""
+    if cloud_prob.ndim == 3:
+        cloud_prob = cloud_prob[:, None]
+    assert s1.ndim == 4 and s1.shape[1] == 2, f"s1 must be (B, 2, H, W), got {tuple(s1.shape)}"
+    assert cloud_prob.shape[1] == 1 and cloud_prob.shape[-2:] == s1.shape[-2:], (
+        f"cloud_prob must be (B, 1, H, W) like s1 {tuple(s1.shape)}, got {tuple(cloud_prob.shape)}"
+    )
+    h, w = draft_latent.shape[-2:]
+    assert s1.shape[-2] % h == 0 and s1.shape[-1] % w == 0, (
+        f"image size {tuple(s1.shape[-2:])} is not a multiple of the latent size {(h, w)}"
+    )
+    extra = F.adaptive_avg_pool2d(
+        torch.cat([s1, cloud_prob], dim=1).float(), (h, w)
+    )  # (B, 3, h, w)
+    return torch.cat([draft_latent, extra.to(draft_latent.dtype)], dim=1)  # (B, Cz + 3, h, w)
+
+
+class Refiner(nn.Module):
+    """Residual prediction UNet: forward(r_t (B, Cz, h, w), t (B,) long, cond (B, Cc, h, w)) -> r0."""
+
+    def __init__(self, cfg: RefinerConfig, *, latent_channels: int, cond_channels: int) -> None:
+        super().__init__()
+        widths = tuple(cfg.widths)
+        self.latent_channels = latent_channels
+        self.cond_channels = cond_channels
+        self.timesteps = cfg.timesteps
+        self.schedule_kind = cfg.schedule  # "cosine" or "linear", for DiffusionSchedule
+        self.sample_steps = cfg.sample_steps
+        self.downsample = 2 ** (len(widths) - 1)
+        self.time_dim = widths[0]
+        emb = 4 * widths[0]
+        self.time_mlp = nn.Sequential(nn.Linear(widths[0], emb), nn.SiLU(), nn.Linear(emb, emb))
+        self.stem = nn.Conv2d(latent_channels + cond_channels, widths[0], 3, padding=1)
+
+        self.down = nn.ModuleList()
+        self.downsamplers = nn.ModuleList()
+        for level, width in enumerate(widths):  # the stem / downsampler already gives `width`
+            self.down.append(
+                nn.ModuleList(ResBlock(width, emb_dim=emb) for _ in range(cfg.blocks_per_level))
+            )
+            self.downsamplers.append(
+                Downsample(width, widths[level + 1]) if level + 1 < len(widths) else nn.Identity()
+            )
+        self.mid = nn.ModuleList(ResBlock(widths[-1], emb_dim=emb) for _ in range(2))
+        self.up = nn.ModuleList()
+        self.upsamplers = nn.ModuleList()
+        for level in reversed(range(len(widths))):
+            width = widths[level]
+            self.up.append(
+                nn.ModuleList(
+                    ResBlock(2 * width if b == 0 else width, width, emb_dim=emb)
+                    for b in range(cfg.blocks_per_level)
+                )
+            )
+            self.upsamplers.append(Upsample(width, widths[level - 1]) if level else nn.Identity())
+        self.head = output_head(widths[0], latent_channels)
+        nn.init.zeros_(self.head[-1].weight)  # start as "no correction": the draft passes through
+        nn.init.zeros_(self.head[-1].bias)
+
+    def forward(self, z_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        assert z_t.ndim == 4 and z_t.shape[1] == self.latent_channels, (
+            f"z_t must be (B, {self.latent_channels}, h, w), got {tuple(z_t.shape)}"
+        )
+        assert cond.shape == (z_t.shape[0], self.cond_channels, *z_t.shape[-2:]), (
+            f"cond must be (B, {self.cond_channels}, h, w) like z_t, got {tuple(cond.shape)}"
+        )
+        assert t.shape == (z_t.shape[0],), f"t must be ({z_t.shape[0]},), got {tuple(t.shape)}"
+        assert z_t.shape[-2] % self.downsample == 0 and z_t.shape[-1] % self.downsample == 0, (
+            f"latent size {tuple(z_t.shape[-2:])} must be a multiple of {self.downsample}"
+        )
+        emb = self.time_mlp(sinusoidal_embedding(t, self.time_dim))  # (B, E)
+        h = self.stem(torch.cat([z_t, cond.to(z_t.dtype)], dim=1))  # (B, w0, h, w)
+        skips = []
+        for blocks, downsample in zip(self.down, self.downsamplers):
+            for block in blocks:
+                h = block(h, emb)
+            skips.append(h)
+            h = downsample(h)
+        for block in self.mid:
+            h = block(h, emb)
+        for blocks, upsample in zip(self.up, self.upsamplers):
+            h = torch.cat([h, skips.pop()], dim=1)
+            for block in blocks:
+                h = block(h, emb)
+            h = upsample(h)
+        return self.head(h)  # (B, Cz, h, w)
+
+
+class DiffusionSchedule:
+    """Noise levels of the forward process: alphas_cumprod (timesteps,) in float64 on the CPU."""
+
+    def __init__(self, timesteps: int, *, kind: str = "cosine") -> None:
+        assert timesteps >= 1, f"timesteps must be >= 1, got {timesteps}"
+        self.timesteps = timesteps
+        if kind == "cosine":  # Nichol & Dhariwal 2021, s = 0.008, betas clipped at 0.999
+            s = 0.008
+            steps = torch.arange(timesteps + 1, dtype=torch.float64) / timesteps
+            f = torch.cos((steps + s) / (1 + s) * math.pi / 2) ** 2
+            betas = (1 - f[1:] / f[:-1]).clamp(max=0.999)
+        elif kind == "linear":  # Ho et al. 2020, scaled to the number of steps
+            scale = 1000 / timesteps
+            betas = torch.linspace(scale * 1e-4, scale * 0.02, timesteps, dtype=torch.float64)
+        else:
+            raise ValueError(f"unknown noise schedule {kind!r} (cosine or linear)")
+        self.kind = kind
+        self.betas = betas  # (timesteps,)
+        self.alphas_cumprod = torch.cumprod(1 - betas, dim=0)  # (timesteps,)
+
+    def _abar(self, t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        abar = self.alphas_cumprod.to(t.device)[t.long()]  # (B,)
+        return abar.to(torch.float32).view(-1, *([1] * (like.ndim - 1)))  # (B, 1, 1, 1)
+
+    def q_sample(self, z0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """z_t = sqrt(abar_t) z0 + sqrt(1 - abar_t) noise, for t (B,) long."""
+        assert t.shape == (z0.shape[0],), f"t must be ({z0.shape[0]},), got {tuple(t.shape)}"
+        abar = self._abar(t, z0)
+        return (abar.sqrt() * z0 + (1 - abar).sqrt() * noise).to(z0.dtype)
+
+    def sampling_timesteps(self, steps: int) -> list[int]:
+        """`steps` noise levels from timesteps - 1 down to 0, evenly spaced, distinct."""
+        assert 1 <= steps <= self.timesteps, f"steps must lie in 1..{self.timesteps}, got {steps}"
+        levels = torch.linspace(self.timesteps - 1, 0, steps).tolist()  # steps=1: the noisiest
+        return sorted({round(v) for v in levels}, reverse=True)
+
+    @torch.no_grad()
+    def ddim_sample(
+        self,
+        model: nn.Module,
+        cond: torch.Tensor,
+        *,
+        steps: int,
+        generator: torch.Generator | None,
+        shape: tuple[int, ...],
+        clip: float | None = None,
+    ) -> torch.Tensor:
+        """Deterministic DDIM (eta = 0) from noise drawn with `generator` -> z0 of `shape`.
+
+        The model predicts z0; the implied noise is (z_t - sqrt(abar) z0) / sqrt(1 - abar).
+        `clip` bounds each step's z0 estimate to [-clip, clip]; None: no clipping.
+        """
+        assert shape[0] == cond.shape[0], (
+            f"shape {tuple(shape)} and cond {tuple(cond.shape)} differ in batch"
+        )
+        device = generator.device if generator is not None else cond.device
+        z = torch.randn(shape, generator=generator, device=device, dtype=torch.float32).to(
+            cond.device
+        )
+        levels = self.sampling_timesteps(steps)
+        for index, level in enumerate(levels):
+            t = torch.full((shape[0],), level, device=cond.device, dtype=torch.long)
+            abar = self._abar(t, z)
+            z0 = model(z, t, cond).float()
+            if clip is not None:
+                z0 = z0.clamp(-clip, clip)
+            eps = (z - abar.sqrt() * z0) / (1 - abar).sqrt()
+            if index + 1 == len(levels):
+                return z0
+            abar_prev = self._abar(torch.full_like(t, levels[index + 1]), z)
+            z = abar_prev.sqrt() * z0 + (1 - abar_prev).sqrt() * eps
+        raise AssertionError("unreachable: at least one sampling step")
+
+
+def ddim_sample(
+    model: nn.Module,
+    cond: torch.Tensor,
+    *,
+    steps: int,
+    generator: torch.Generator | None,
+    shape: tuple[int, ...],
+    schedule: DiffusionSchedule | None = None,
+    clip: float | None = None,
+) -> torch.Tensor:
+    """DDIM sampling with the model's schedule (Refiner.timesteps, .schedule_kind) unless given."""
+    if schedule is None:
+        schedule = DiffusionSchedule(model.timesteps, kind=model.schedule_kind)
+    return schedule.ddim_sample(
+        model, cond, steps=steps, generator=generator, shape=shape, clip=clip
+    )

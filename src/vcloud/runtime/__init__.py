@@ -1,0 +1,1 @@
+"""Runtime support: LUMI environment, pre-flight checks, memory estimates."""
