@@ -136,6 +136,12 @@ class Trainer:
             lambda step: min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(step, total) / total)),
         )
         self.epoch, self.step_in_epoch, self.best_value = 0, 0, -math.inf
+        # Built once: with persistent workers they (and their open stores) live across epochs.
+        self.train_loader = self._loader(task.train_set, self.sampler)
+        self.val_loader = None
+        if task.val_set is not None:
+            val_sampler = EpochSampler(len(task.val_set), rank=env.rank, world_size=env.world_size, shuffle=False)
+            self.val_loader = self._loader(task.val_set, val_sampler)
 
     # --- state -------------------------------------------------------------------------
     def _state(self, *, finished: bool = False) -> dict:
@@ -233,7 +239,7 @@ class Trainer:
             disable=not self.progress or None,
         )
         fetch_start = time.perf_counter()
-        for batch in self._loader(self.task.train_set, self.sampler):
+        for batch in self.train_loader:
             wait += time.perf_counter() - fetch_start
             batch = _to(batch, self.device)
             with self._autocast():
@@ -278,14 +284,11 @@ class Trainer:
 
     @torch.no_grad()
     def _validate(self) -> dict:
-        if self.task.val_set is None:
+        if self.val_loader is None:
             return {}
-        sampler = EpochSampler(
-            len(self.task.val_set), rank=self.env.rank, world_size=self.env.world_size, shuffle=False
-        )
         acc = MetricAccumulator()
         self.model.eval()
-        for batch in self._loader(self.task.val_set, sampler):
+        for batch in self.val_loader:
             batch = _to(batch, self.device)
             with self._autocast():
                 per_sample = self.task.validate(self.model, batch)
