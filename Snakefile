@@ -16,6 +16,7 @@ validate_config(config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/wind.smk"
 include: "workflow/rules/train.smk"
 
 

@@ -83,6 +83,7 @@ def _cmd_train(args: argparse.Namespace) -> None:
         out=args.out,
         resume_dir=args.resume_dir,
         checkpoints=checkpoints,
+        wind_cache=args.wind_cache,
     )
 
 
@@ -147,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume-dir", type=Path, help="folder of latest.pt (default: --out)")
     for n in range(3):
         p.add_argument(f"--stage{n}", type=Path, help=f"stage {n} best.pt (stages that build on it)")
+    p.add_argument("--wind-cache", type=Path, help="wind-scanner cache (when stage1.model.wind_scan)")
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("memory", help="memory estimate per component of the stage-1 model")

@@ -215,11 +215,14 @@ class CFDTConfig:
     gate_layers: int = 2  # 3x3 conv layers of the change-gate CNN on each date pair
     day_embedding: int = 32  # channels of the day-offset embedding
     wind_scan: bool = False  # wind-ordered token mixing in the TMT (needs the wind cache)
+    wind_sectors: int = 16  # wind sectors of the scan orders (sector i: angle 2*pi*i/S from east)
+    wind_regions: tuple[int, int] = (1, 1)  # regions of the cache's regional orders (must divide the grid)
     optimisations: Optimisations = Optimisations()
 
     def __post_init__(self) -> None:
         _check_widths(self)
-        _check_positive(self, ("blocks_per_level", "tmt_layers", "tmt_heads", "gate_width", "gate_layers"))
+        _check_positive(self, ("blocks_per_level", "tmt_layers", "tmt_heads", "gate_width", "gate_layers",
+                               "wind_sectors"))  # fmt: skip
         if self.widths[-1] % self.tmt_heads:
             raise ValueError(f"tmt_heads: {self.tmt_heads} does not divide widths[3] = {self.widths[-1]}")
         if self.day_embedding <= 0 or self.day_embedding % 2:

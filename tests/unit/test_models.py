@@ -167,7 +167,8 @@ def test_gradients_reach_every_parameter(small):
 
 def test_models_run_under_bf16_autocast(small):
     for name, model, out in outputs_of_every_model(small, autocast=True):
-        assert out.dtype == torch.bfloat16, name
+        # the CFDT adds its bf16 correction to an fp32 clear-sky composite: fp32 out
+        assert out.dtype == (torch.float32 if name == "cfdt" else torch.bfloat16), name
         assert torch.isfinite(out.float()).all(), name
         out.float().square().mean().backward()
         grads = [p.grad for p in model.parameters()]

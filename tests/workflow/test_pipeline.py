@@ -136,3 +136,20 @@ def test_readme_rule_graph_matches_the_workflow():
     block = readme.split("## Rule graph", 1)[1].split("```mermaid", 1)[1].split("```", 1)[0]
     assert _edges(block) == _edges(proc.stdout)
     assert _edges(block)  # the graph is not empty
+
+
+def test_wind_scan_config_adds_the_cache_rule_as_input_of_stages_1_to_3(tmp_path):
+    models = yaml.safe_load((ROOT / "tests/workflow/tiny_models.yaml").read_text())
+    models["data"]["crop"] = None
+    models["stage1"]["model"].update(wind_scan=True, wind_sectors=8)
+    (tmp_path / "wind_models.yaml").write_text(yaml.safe_dump(models))
+    override = {**SMALL, "model_config": str(tmp_path / "wind_models.yaml")}
+    (tmp_path / "wind.yaml").write_text(yaml.safe_dump(override))
+    proc = run(["-n", "-p", "--configfile", "wind.yaml", "-d", str(tmp_path)], cwd=tmp_path)
+    text = proc.stdout + proc.stderr
+    assert any(line.split() == ["wind_cache", "1"] for line in text.splitlines()), text[-2000:]
+    assert "vcloud wind-cache --out results/wind/scan_orders.npz --grid-h 4 --grid-w 4 --sectors 8" in text
+    commands = [line for line in text.splitlines() if "vcloud train --stage" in line]
+    assert len(commands) == 4
+    for line in commands:
+        assert ("--wind-cache results/wind/scan_orders.npz" in line) == ("--stage 0" not in line), line

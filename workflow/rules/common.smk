@@ -92,18 +92,38 @@ def get_checkpoint(stage):
     return f"{RESULTS}/stage{stage}/best.pt"
 
 
+def is_wind_scan():
+    return MODEL_SET.stage1.model.wind_scan
+
+
+def get_wind_cache():
+    return f"{RESULTS}/wind/scan_orders.npz"
+
+
+def get_wind_grid():
+    """The CFDT's coarsest token grid for whole patches: patch_size / 8 on each side."""
+    scale = 2 ** (len(MODEL_SET.stage1.model.widths) - 1)
+    size = DATA["patch_size"]
+    if size % scale:
+        raise WorkflowError(
+            f"data.patch_size: {size} is not a multiple of {scale} (the CFDT's downsampling)"
+        )
+    return size // scale, size // scale
+
+
 def get_train_input(stage):
-    """Split stores, plus the best.pt of every stage this one builds on."""
+    """Split stores, the best.pt of every stage this one builds on, and the wind cache."""
     upstream = {0: (), 1: (), 2: (0, 1), 3: (0, 1, 2)}[stage]
     inputs = {"train": get_split_store("train"), "val": get_split_store("val")}
     inputs.update({f"stage{n}": get_checkpoint(n) for n in upstream})
+    if stage >= 1 and is_wind_scan():
+        inputs["wind_cache"] = get_wind_cache()
     return inputs
 
 
 def get_upstream_flags(input):
-    return " ".join(
-        f"--{name} {input[name]}" for name in input.keys() if name.startswith("stage")
-    )
+    names = [n for n in input.keys() if n.startswith("stage") or n == "wind_cache"]
+    return " ".join(f"--{n.replace('_', '-')} {input[n]}" for n in names)
 
 
 def get_final_outputs():

@@ -333,6 +333,11 @@ class CFDT(nn.Module):
         )
         self.wind = WindScanMixing(widths[-1]) if cfg.wind_scan else None
         self.decoder = DraftDecoder(widths, out_channels, blocks_per_level=cfg.blocks_per_level)
+        # The decoder predicts a correction of the clear-sky composite: start it small, so an
+        # untrained draft is already the composite rather than noise.
+        with torch.no_grad():
+            self.decoder.head[-1].weight.mul_(0.1)
+            self.decoder.head[-1].bias.zero_()
 
     def set_wind_orders(self, orders: torch.Tensor, inverse: torch.Tensor) -> None:
         """Install (S, (H/8)*(W/8)) scan orders of the coarsest token grid (from the wind cache)."""
@@ -375,4 +380,23 @@ class CFDT(nn.Module):
         h, w = coarsest.shape[-2:]
         fused = rearrange(fused, "b (h w) c -> b c h w", h=h, w=w)
         target_gate = gate[torch.arange(b, device=x.device), target_index]  # (B, 1, H, W)
-        return self.decoder(fused, skips, target_gate)  # (B, 13, H, W)
+        correction = self.decoder(fused, skips, target_gate)  # (B, 13, H, W)
+        return clear_composite(x, days, out_channels=self.out_channels) + correction
+
+
+def clear_composite(
+    x: torch.Tensor, days: torch.Tensor, *, out_channels: int = 13, tau_days: float = 90.0
+) -> torch.Tensor:
+    """Per-pixel weighted mean of the dates' S2, weighting clear and near-in-time pixels.
+
+    w_t = (1 - p_t)^4 * exp(-|days_t| / tau) + 1e-4, with p_t the cloud probability (the last
+    input channel). The draft is this composite plus the decoder's learned correction: the
+    model starts from a sensible temporal mosaic and learns what a mosaic cannot do (seasonal
+    change, the target date's visible pixels, shadows).
+    """
+    clear = (1.0 - x[:, :, -1].float().clamp(0, 1)) ** 4  # (B, T, H, W)
+    near = torch.exp(-days.float().abs() / tau_days)[:, :, None, None]  # (B, T, 1, 1)
+    weights = clear * near + 1e-4
+    weights = weights / weights.sum(dim=1, keepdim=True)  # (B, T, H, W)
+    composite = (weights[:, :, None] * x[:, :, :out_channels].float()).sum(dim=1)  # (B, 13, H, W)
+    return composite.to(x.dtype)

@@ -13,6 +13,29 @@ from vcloud.train import distributed
 
 log = logging.getLogger(__name__)
 
+def load_wind_orders(cfg, *, stage: int, train: Path, wind_cache: Path | None, world_size: int):
+    """The wind cache for a wind-scanning CFDT, checked against the data's token grid."""
+    model = cfg.stage1.model
+    if stage == 0 or not model.wind_scan:
+        return None
+    from vcloud.data.reader import StoreReader
+    from vcloud.wind.cache import get_scan_orders
+
+    if cfg.data.crop is not None:
+        raise ConfigError(
+            f"data.crop: {cfg.data.crop}, but stage1.model.wind_scan needs whole patches (crop: null) "
+            "so that the token grid matches the wind cache"
+        )
+    if wind_cache is None:
+        raise ConfigError(f"vcloud train --stage {stage}: stage1.model.wind_scan is on; pass --wind-cache FILE")
+    _, _, height, width = StoreReader(train).shape
+    scale = 2 ** (len(model.widths) - 1)  # the CFDT's coarsest level
+    return get_scan_orders(
+        wind_cache, grid_h=height // scale, grid_w=width // scale, sectors=model.wind_sectors,
+        regions=tuple(model.wind_regions), world_size=world_size, allow_recompute=False,
+    )  # fmt: skip
+
+
 def run_training(
     *,
     stage: int,
@@ -22,6 +45,7 @@ def run_training(
     out: Path,
     resume_dir: Path | None = None,
     checkpoints: dict[int, Path] | None = None,
+    wind_cache: Path | None = None,
     progress: bool = True,
 ) -> dict:
     from vcloud.train import stages
@@ -34,6 +58,9 @@ def run_training(
     if missing:
         raise ConfigError(f"vcloud train --stage {stage} needs {' and '.join(missing)} CHECKPOINT")
     env = distributed.detect()
+    # Before any collective: every rank reads the same file, or every rank fails here alone
+    # (never a recompute under DDP - that is what deadlocked 16 to 400 GPUs on LUMI).
+    wind = load_wind_orders(cfg, stage=stage, train=train, wind_cache=wind_cache, world_size=env.world_size)
     device = distributed.device_for(env)
     distributed.init_process_group(env, device=device)
     try:
@@ -41,6 +68,8 @@ def run_training(
         stage_cfg = getattr(cfg, f"stage{stage}")
         torch.manual_seed(stage_cfg.train.seed)  # identical initial weights on every rank
         kwargs = {"train": train, "val": val}
+        if stage >= 1:
+            kwargs["wind"] = wind
         if stage >= 2:
             kwargs.update(stage0_ckpt=checkpoints[0], stage1_ckpt=checkpoints[1])
         if stage == 3:

@@ -33,6 +33,7 @@ from vcloud.models.refiner import DiffusionSchedule, Refiner, ddim_sample, refin
 from vcloud.train.checkpoint import load_checkpoint
 from vcloud.train.metrics import compute_all
 from vcloud.train.trainer import StageTask
+from vcloud.wind.cache import WindCache, sector_from_wind
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,25 @@ def _cloudy(cfg: ModelSetConfig, store: Path, *, train: bool, stage_epochs: int)
 
 
 def _draft(cfdt: nn.Module, batch: dict) -> torch.Tensor:
-    return cfdt(batch["x"], batch["days"], batch["target_index"])  # (B, 13, H, W)
+    sectors = None
+    if getattr(_unwrap(cfdt), "wind", None) is not None:
+        sectors = wind_sectors(batch["wind"], _unwrap(cfdt).wind_sectors)
+    return cfdt(batch["x"], batch["days"], batch["target_index"], sectors)  # (B, 13, H, W)
+
+
+def wind_sectors(wind: torch.Tensor, sectors: int) -> torch.Tensor:
+    """(B, 2) wind u, v -> (B,) nearest scan sector, -1 (no reordering) where unknown."""
+    u, v = wind.detach().float().cpu().numpy().T
+    return torch.from_numpy(sector_from_wind(u, v, sectors)).to(wind.device)
+
+
+def install_wind_orders(cfdt: nn.Module, cache: WindCache | None) -> nn.Module:
+    """Give a wind-scanning CFDT its scan orders (read from the cache file on every rank)."""
+    if cfdt.wind is not None:
+        assert cache is not None, "a wind_scan model needs the wind cache"
+        cfdt.set_wind_orders(torch.from_numpy(cache.orders), torch.from_numpy(cache.inverse))
+        cfdt.wind_sectors = cache.sectors
+    return cfdt
 
 
 def stage0(cfg: ModelSetConfig, *, train: Path, val: Path) -> StageTask:
@@ -102,9 +121,9 @@ def stage0(cfg: ModelSetConfig, *, train: Path, val: Path) -> StageTask:
     )  # fmt: skip
 
 
-def stage1(cfg: ModelSetConfig, *, train: Path, val: Path) -> StageTask:
+def stage1(cfg: ModelSetConfig, *, train: Path, val: Path, wind: WindCache | None = None) -> StageTask:
     train_set = _cloudy(cfg, train, train=True, stage_epochs=cfg.stage1.train.epochs)
-    model = CFDT(cfg.stage1.model)
+    model = install_wind_orders(CFDT(cfg.stage1.model), wind)
 
     def loss(m, batch):
         return F.l1_loss(_draft(m, batch), batch["target"])
@@ -172,9 +191,11 @@ class RefinerPipeline(nn.Module):
         return self.autoencoder.decode(draft_latent + residual.to(draft_latent.dtype)).clamp(0, 1)
 
 
-def build_pipeline(cfg: ModelSetConfig, *, stage0_ckpt: Path, stage1_ckpt: Path) -> RefinerPipeline:
+def build_pipeline(
+    cfg: ModelSetConfig, *, stage0_ckpt: Path, stage1_ckpt: Path, wind: WindCache | None = None
+) -> RefinerPipeline:
     autoencoder = load_frozen(Autoencoder(cfg.stage0.model), stage0_ckpt, stage=0)
-    cfdt = load_frozen(CFDT(cfg.stage1.model), stage1_ckpt, stage=1)
+    cfdt = install_wind_orders(load_frozen(CFDT(cfg.stage1.model), stage1_ckpt, stage=1), wind)
     latent = cfg.stage0.model.latent_channels
     refiner = Refiner(cfg.stage2.model, latent_channels=latent, cond_channels=latent + 3)
     return RefinerPipeline(
@@ -183,8 +204,10 @@ def build_pipeline(cfg: ModelSetConfig, *, stage0_ckpt: Path, stage1_ckpt: Path)
     )  # fmt: skip
 
 
-def stage2(cfg: ModelSetConfig, *, train: Path, val: Path, stage0_ckpt: Path, stage1_ckpt: Path) -> StageTask:
-    pipeline = build_pipeline(cfg, stage0_ckpt=stage0_ckpt, stage1_ckpt=stage1_ckpt)
+def stage2(
+    cfg: ModelSetConfig, *, train: Path, val: Path, stage0_ckpt: Path, stage1_ckpt: Path, wind: WindCache | None = None
+) -> StageTask:
+    pipeline = build_pipeline(cfg, stage0_ckpt=stage0_ckpt, stage1_ckpt=stage1_ckpt, wind=wind)
     steps = cfg.stage2.model.sample_steps
 
     def loss(m, batch):
@@ -243,9 +266,9 @@ def pseudo_label(pipeline: RefinerPipeline, samples: UnlabelledSamples, cfg: Mod
 
 def stage3(
     cfg: ModelSetConfig, *, train: Path, val: Path, stage0_ckpt: Path, stage1_ckpt: Path, stage2_ckpt: Path,
-    device: str,
+    device: str, wind: WindCache | None = None,
 ) -> StageTask:  # fmt: skip
-    pipeline = build_pipeline(cfg, stage0_ckpt=stage0_ckpt, stage1_ckpt=stage1_ckpt)
+    pipeline = build_pipeline(cfg, stage0_ckpt=stage0_ckpt, stage1_ckpt=stage1_ckpt, wind=wind)
     pipeline.load_state_dict(load_checkpoint(stage2_ckpt)["model"])
     unlabelled = UnlabelledSamples(
         train, dates=cfg.data.input_dates, seed=cfg.stage3.train.seed, clear_max_cover=cfg.data.clear_max_cover,
@@ -253,7 +276,7 @@ def stage3(
     )  # fmt: skip
     kept, scored = pseudo_label(pipeline, unlabelled, cfg, device) if len(unlabelled) else ([], [])
     log.info("stage 3: kept %d of %d pseudo-labels", len(kept), len(scored))
-    student = CFDT(cfg.stage1.model)
+    student = install_wind_orders(CFDT(cfg.stage1.model), wind)
     student.load_state_dict(load_checkpoint(stage1_ckpt)["model"])
     labelled = _cloudy(cfg, train, train=True, stage_epochs=cfg.stage3.train.epochs)
     pseudo = PseudoLabelled(unlabelled, kept, crop=cfg.data.crop, seed=cfg.stage3.train.seed)

@@ -1,0 +1,24 @@
+# The wind-scanner cache: scan orders precomputed once, read from disk by every DDP rank.
+# (Computing them in the first forward pass deadlocked DDP on 16 to 400 GPUs on LUMI.)
+
+
+rule wind_cache:
+    output:
+        cache=get_wind_cache(),
+    log:
+        "logs/wind_cache/wind_cache.log",
+    conda:
+        "../../envs/vcloud.yaml"
+    threads: 1
+    resources:
+        runtime=10,
+        mem_mb=1000,
+    params:
+        grid_h=lambda wildcards: get_wind_grid()[0],
+        grid_w=lambda wildcards: get_wind_grid()[1],
+        sectors=MODEL_SET.stage1.model.wind_sectors,
+        regions=" ".join(map(str, MODEL_SET.stage1.model.wind_regions)),
+    shell:
+        "vcloud wind-cache --out {output.cache} --grid-h {params.grid_h} --grid-w {params.grid_w}"
+        " --sectors {params.sectors}"
+        " --regions {params.regions} > {log} 2>&1"
