@@ -167,14 +167,15 @@ class RefinerPipeline(nn.Module):
         return self
 
     @torch.no_grad()
-    def condition(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """(draft latent, refiner condition) for a batch."""
-        latent = self.autoencoder.encode(_draft(self.cfdt, batch))
-        return latent, refiner_condition(latent, batch["target_s1"], batch["target_prob"])
+    def condition(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(draft, draft latent, refiner condition) for a batch."""
+        draft = _draft(self.cfdt, batch)
+        latent = self.autoencoder.encode(draft)
+        return draft, latent, refiner_condition(latent, batch["target_s1"], batch["target_prob"])
 
     def forward(self, batch: dict) -> torch.Tensor:
         """x0-prediction loss on the latent residual between the clear target and the draft."""
-        draft_latent, cond = self.condition(batch)
+        _, draft_latent, cond = self.condition(batch)
         with torch.no_grad():
             r0 = (self.autoencoder.encode(batch["target"]) - draft_latent).float()
         t = torch.randint(0, self.schedule.timesteps, (r0.shape[0],), device=r0.device)
@@ -183,12 +184,18 @@ class RefinerPipeline(nn.Module):
 
     @torch.no_grad()
     def sample(self, batch: dict, *, steps: int, seed: int) -> torch.Tensor:
-        """Deterministic few-step refinement, decoded to S2 (B, 13, H, W)."""
-        draft_latent, cond = self.condition(batch)
+        """Deterministic few-step refinement of the draft, S2 (B, 13, H, W).
+
+        The latent correction is applied as a difference of decodings, draft + D(z + r) - D(z),
+        so the autoencoder's own reconstruction error never replaces the draft's detail.
+        """
+        draft, draft_latent, cond = self.condition(batch)
         shape = tuple(draft_latent.shape)
         generator = torch.Generator(device=cond.device).manual_seed(seed)
         residual = ddim_sample(self.refiner, cond, steps=steps, generator=generator, shape=shape, schedule=self.schedule)
-        return self.autoencoder.decode(draft_latent + residual.to(draft_latent.dtype)).clamp(0, 1)
+        correction = self.autoencoder.decode(draft_latent + residual.to(draft_latent.dtype))
+        correction = correction - self.autoencoder.decode(draft_latent)
+        return (draft.float() + correction.float()).clamp(0, 1)
 
 
 def build_pipeline(
