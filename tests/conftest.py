@@ -38,3 +38,22 @@ def tiny_store(tiny_raw_master, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("store") / "ROIs1868_119.zarr"
     prepare_roi(raw=tiny_raw_master, roi=TINY_ROIS[0], out=out, times=TINY["times"], size=TINY["size"])
     return out
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors: one thread is faster, and immune to a busy machine."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def small():
+    """The small (CPU default) model set."""
+    from vcloud.config import load_model_config
+
+    return load_model_config(Path(__file__).parents[1] / "config/models/small.yaml")
