@@ -115,3 +115,20 @@ def test_wrong_grid_in_the_cache_is_named(setup, tmp_path, capsys):
 def test_sectors_come_from_the_wind_and_unknown_wind_means_no_reordering():
     wind = torch.tensor([[5.0, 0.0], [0.0, 3.0], [float("nan"), float("nan")], [-2.0, 0.0]])
     assert wind_sectors(wind, 4).tolist() == [0, 1, -1, 2]
+
+
+def test_single_process_recomputes_only_when_the_config_allows(setup, tmp_path, capsys, caplog):
+    from vcloud.cli import main
+
+    store, config = setup
+    args = ["train", "--stage", "1", "--config", str(config), "--train", str(store), "--val", str(store),
+            "--out", str(tmp_path / "s1"), "--wind-cache", str(tmp_path / "missing.npz")]  # fmt: skip
+    assert main(args) == 2
+    assert "wind cache not found; run `vcloud wind-cache" in capsys.readouterr().err
+    allowed = yaml.safe_load(config.read_text())
+    allowed["stage1"]["model"]["wind_allow_recompute"] = True
+    (tmp_path / "allowed.yaml").write_text(yaml.safe_dump(allowed))
+    args[4] = str(tmp_path / "allowed.yaml")
+    assert main(args) == 0
+    assert "computing scan orders in memory" in caplog.text
+    assert not (tmp_path / "missing.npz").exists()

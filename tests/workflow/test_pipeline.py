@@ -153,3 +153,9 @@ def test_wind_scan_config_adds_the_cache_rule_as_input_of_stages_1_to_3(tmp_path
     assert len(commands) == 4
     for line in commands:
         assert ("--wind-cache results/wind/scan_orders.npz" in line) == ("--stage 0" not in line), line
+
+
+def test_local_profile_dry_run(tmp_path):
+    (tmp_path / "small.yaml").write_text(yaml.safe_dump(SMALL))
+    proc = run(["--profile", str(ROOT / "profiles/local"), "-n", "--configfile", "small.yaml", "-d", str(tmp_path)], cwd=tmp_path)
+    assert "This was a dry-run" in proc.stdout + proc.stderr

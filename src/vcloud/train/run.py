@@ -26,13 +26,14 @@ def load_wind_orders(cfg, *, stage: int, train: Path, wind_cache: Path | None, w
             f"data.crop: {cfg.data.crop}, but stage1.model.wind_scan needs whole patches (crop: null) "
             "so that the token grid matches the wind cache"
         )
-    if wind_cache is None:
+    if wind_cache is None and not (model.wind_allow_recompute and world_size == 1):
         raise ConfigError(f"vcloud train --stage {stage}: stage1.model.wind_scan is on; pass --wind-cache FILE")
     _, _, height, width = StoreReader(train).shape
     scale = 2 ** (len(model.widths) - 1)  # the CFDT's coarsest level
     return get_scan_orders(
-        wind_cache, grid_h=height // scale, grid_w=width // scale, sectors=model.wind_sectors,
-        regions=tuple(model.wind_regions), world_size=world_size, allow_recompute=False,
+        wind_cache or Path("<no --wind-cache>"), grid_h=height // scale, grid_w=width // scale,
+        sectors=model.wind_sectors, regions=tuple(model.wind_regions), world_size=world_size,
+        allow_recompute=model.wind_allow_recompute,
     )  # fmt: skip
 
 
