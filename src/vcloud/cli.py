@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--on-bad-image", choices=("fail", "skip"), default="fail")
     p.add_argument("--times", type=int, default=N_TIMES, help="expected dates per location")
     p.add_argument("--size", type=int, default=PATCH_SIZE, help="expected pixels per side")
-    p.add_argument("--wind", type=Path, help="optional wind table (CSV: rois,roi,date,u,v)")
+    p.add_argument("--wind", type=Path, help="optional wind: CSV rois,roi,date,u,v, or an ERA5 u10/v10 grid")
     defaults = CloudThresholds()
     p.add_argument("--clear-max-cover", type=float, default=defaults.clear_max_cover)
     p.add_argument("--thick-min-prob", type=float, default=defaults.thick_min_prob)

@@ -9,7 +9,6 @@ Policy for bad input (`on_bad_image`):
 from __future__ import annotations
 
 import csv
-import datetime as dt
 import logging
 from dataclasses import asdict
 from pathlib import Path
@@ -21,6 +20,7 @@ from vcloud.constants import CLOUD_CLASS_MISSING, S1_BANDS, S1_CLIP_DB, S2_BANDS
 from vcloud.data.clouds import CloudThresholds, cloud_cover_and_class, cloud_mask, cloud_probability
 from vcloud.data.geotiff import NO_GEOREF, BadImageError, GeoRef, read_image
 from vcloud.data.layout import Problem, RoiId, scan_roi
+from vcloud.data.wind import WindSource
 from vcloud.data.store import (
     atomic_output,
     location_id,
@@ -63,7 +63,7 @@ def prepare_roi(
     scan = scan_roi(raw, roi, times=times)
     problems = list(scan.problems)
     _fail_on(problems, on_bad_image)
-    wind = _read_wind_table(wind_table, roi) if wind_table else None
+    wind = WindSource(wind_table, roi) if wind_table else None
     options = {
         "roi": str(roi),
         "on_bad_image": on_bad_image,
@@ -156,7 +156,7 @@ def _prepare_location(raw, scan, patch, size, thresholds, wind, problems):
         "transform": (("location", "gt"), np.array([georef.transform], np.float64)),
     }
     if wind is not None:
-        u, v = _wind_at(wind, dates["s2"])
+        u, v = wind.at(georef, dates["s2"], size=size)
         data_vars["wind_u"] = (two, u[None])
         data_vars["wind_v"] = (two, v[None])
     coords = {
@@ -182,36 +182,6 @@ def _clean_s1(data: np.ndarray) -> tuple[np.ndarray, int]:
     if count:
         data = np.where(nans, np.float32(S1_CLIP_DB[0]), data)
     return data, count
-
-
-def _read_wind_table(path: Path, roi: RoiId) -> dict[np.datetime64, tuple[float, float]]:
-    """Wind per date for one ROI from a CSV with columns rois,roi,date,u,v."""
-    path = Path(path)
-    if not path.is_file():
-        raise BadInputError(f"{path}: wind table not found")
-    table = {}
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        missing = {"rois", "roi", "date", "u", "v"} - set(reader.fieldnames or ())
-        if missing:
-            raise BadInputError(f"{path}: wind table lacks column(s) {', '.join(sorted(missing))}")
-        for line, row in enumerate(reader, start=2):
-            try:
-                if row["rois"] == roi.rois and int(row["roi"]) == roi.roi:
-                    date = np.datetime64(dt.date.fromisoformat(row["date"]), "ns")
-                    table[date] = (float(row["u"]), float(row["v"]))
-            except ValueError as err:
-                raise BadInputError(f"{path}:{line}: {err}") from None
-    return table
-
-
-def _wind_at(table, dates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    u = np.full(len(dates), np.nan, np.float32)
-    v = np.full(len(dates), np.nan, np.float32)
-    for t, date in enumerate(dates):
-        if not np.isnat(date) and date in table:
-            u[t], v[t] = table[date]
-    return u, v
 
 
 def _write_bad_tsv(path: Path, problems: list[Problem]) -> None:
