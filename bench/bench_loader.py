@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import ROI, emit, make_raw  # noqa: E402
+from common import ROI, add_tree_arguments, emit, make_raw  # noqa: E402
 
 from vcloud.data.clouds import cloud_mask, cloud_probability  # noqa: E402
 from vcloud.data.geotiff import read_image  # noqa: E402
@@ -44,10 +44,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=40)
     parser.add_argument("--dates", type=int, default=16, help="input dates; the target is one more")
-    parser.add_argument("--patches", type=int, default=4)
-    parser.add_argument("--times", type=int, default=30)
-    parser.add_argument("--size", type=int, default=256)
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/vcloud-bench"))
+    add_tree_arguments(parser)
     args = parser.parse_args()
     raw = make_raw(args.workdir, patches=args.patches, times=args.times, size=args.size)
     store = args.workdir / f"bench_loader_{args.patches}x{args.times}x{args.size}.zarr"

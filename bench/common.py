@@ -12,6 +12,14 @@ from vcloud.data.layout import RoiId
 ROI = RoiId("ROIs1158", 119)
 
 
+def add_tree_arguments(parser) -> None:
+    """The synthetic ROI both data benchmarks use: size of the tree and where it lives."""
+    parser.add_argument("--patches", type=int, default=4)
+    parser.add_argument("--times", type=int, default=30)
+    parser.add_argument("--size", type=int, default=256)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/vcloud-bench"))
+
+
 def make_raw(workdir: Path, *, patches: int, times: int, size: int) -> Path:
     from vcloud.data.synthetic import write_raw_tree
 
