@@ -18,6 +18,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/wind.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/export.smk"
 
 
 rule all:

@@ -87,6 +87,20 @@ def _cmd_train(args: argparse.Namespace) -> None:
     )
 
 
+def _cmd_evaluate(args: argparse.Namespace) -> None:
+    from vcloud.train.evaluate import evaluate
+
+    evaluate(
+        stage=args.stage,
+        store=args.store,
+        out=args.out,
+        results=args.results,
+        config_path=args.config,
+        wind_cache=args.wind_cache,
+        samples=args.samples,
+    )
+
+
 def _cmd_memory(args: argparse.Namespace) -> None:
     from vcloud.runtime.memory import main as memory_main
 
@@ -150,6 +164,16 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--stage{n}", type=Path, help=f"stage {n} best.pt (stages that build on it)")
     p.add_argument("--wind-cache", type=Path, help="wind-scanner cache (when stage1.model.wind_scan)")
     p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("evaluate", help="a stage's metrics on a prepared store, next to baselines")
+    p.add_argument("--stage", type=int, choices=(0, 1, 2, 3), required=True)
+    p.add_argument("--store", type=Path, required=True, help="any prepared store (e.g. the test split)")
+    p.add_argument("--out", type=Path, required=True, help="FILE.json to write")
+    p.add_argument("--results", type=Path, default=Path("results"), help="folder of stage<n>/best.pt")
+    p.add_argument("--config", type=Path, required=True, help="config/models/*.yaml the stages used")
+    p.add_argument("--wind-cache", type=Path, help="wind-scanner cache (when stage1.model.wind_scan)")
+    p.add_argument("--samples", type=int, help="fixed-protocol samples (default: one per clear date)")
+    p.set_defaults(func=_cmd_evaluate)
 
     p = sub.add_parser("memory", help="memory estimate per component of the stage-1 model")
     p.add_argument("--config", type=Path, required=True, help="config/models/*.yaml")

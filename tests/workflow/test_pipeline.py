@@ -59,7 +59,7 @@ def test_dry_run_plans_one_prepare_job_per_roi(data_run):
     _, dry, _ = data_run
     text = dry.stdout + dry.stderr
     plan = [("synth_raw", 1), ("prepare_roi", 4), ("assemble_split", 3)]
-    plan += [(f"train_stage{n}", 1) for n in range(4)]
+    plan += [(f"train_stage{n}", 1) for n in range(4)] + [(f"evaluate_stage{n}", 1) for n in range(4)]
     for rule, count in plan:
         assert any(line.split() == [rule, str(count)] for line in text.splitlines()), text[-2000:]
 
@@ -94,6 +94,24 @@ def test_four_stages_train_end_to_end(data_run):
         assert (work / f"benchmarks/train_stage{stage}/train_stage{stage}.tsv").is_file()
     report = (work / "results/stage3/pseudo_labels.json").read_text()
     assert '"kept"' in report and '"scored"' in report
+
+
+def test_every_stage_is_evaluated_on_the_test_split(data_run):
+    import json
+    import math
+
+    work, _, _ = data_run
+    for stage in range(4):
+        report = json.loads((work / f"results/eval/stage{stage}.json").read_text())
+        assert report["stage"] == stage and report["store"].endswith("test.zarr")
+        for protocol in ("fixed", "reference"):
+            result = report["protocols"][protocol]
+            assert result["samples"] > 0
+            for method in ("model", "least_cloudy_date", "median_mosaic"):
+                assert all(math.isfinite(v) for v in result[method]["mean"].values()), (stage, protocol, method)
+                assert len(result[method]["per_sample"]["psnr"]) == result["samples"]
+        log = (work / f"logs/evaluate_stage{stage}/evaluate_stage{stage}.log").read_text()
+        assert "| fixed | model |" in log
 
 
 def test_second_run_has_nothing_to_do(data_run):

@@ -126,9 +126,24 @@ def get_upstream_flags(input):
     return " ".join(f"--{n.replace('_', '-')} {input[n]}" for n in names)
 
 
+def get_evaluate_input(stage):
+    """The test split and the checkpoints a stage's predictions need."""
+    needed = {0: (0,), 1: (1,), 2: (0, 1, 2), 3: (3,)}[stage]
+    inputs = {"store": get_split_store("test")}
+    inputs.update({f"stage{n}": get_checkpoint(n) for n in needed})
+    if stage >= 1 and is_wind_scan():
+        inputs["wind_cache"] = get_wind_cache()
+    return inputs
+
+
 def get_final_outputs():
     splits = [get_split_store(split) for split in ("train", "val", "test")]
-    return splits + [get_checkpoint(stage) for stage in range(4)]
+    checkpoints = [get_checkpoint(stage) for stage in range(4)]
+    return (
+        splits
+        + checkpoints
+        + [f"{RESULTS}/eval/stage{stage}.json" for stage in range(4)]
+    )
 
 
 def get_resources(rule_name):
