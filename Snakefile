@@ -2,7 +2,7 @@
 # Laptop: `snakemake --cores all` (embedded default config, synthetic data, CPU).
 from snakemake.utils import min_version
 
-from vcloud.config import validate_config
+from vcloud.config import fill_defaults, validate_config
 
 min_version("9.0")
 
@@ -12,6 +12,7 @@ configfile: f"{workflow.basedir}/config/config.yaml"
 
 # One line naming the offending key, before any rule is built.
 validate_config(config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
+fill_defaults(config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
 
 
 include: "workflow/rules/common.smk"

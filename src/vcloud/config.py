@@ -42,6 +42,27 @@ def validate_config(config: dict, schema_path: Path, *, source: str = "config") 
     raise ConfigError(f"{source}: {message}{more}")
 
 
+def fill_defaults(config: dict, schema_path: Path) -> dict:
+    """Set every schema `default` missing from config, in place (after validate_config)."""
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+    check_properties = base.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub:
+                    instance.setdefault(name, sub["default"])
+        yield from check_properties(validator, properties, instance, schema)
+
+    filler = jsonschema.validators.extend(base, {"properties": set_defaults})
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    for _ in filler(schema).iter_errors(config):
+        pass
+    return config
+
+
 
 # --- Model and training configuration (config/models/*.yaml) ---------------------------------
 #
