@@ -71,7 +71,15 @@ def _cmd_wind_cache(args: argparse.Namespace) -> None:
     )
 
 
+def _apply_env(args: argparse.Namespace) -> None:
+    """--env KEY=VALUE pairs (the workflow's runtime_env), set before torch is imported."""
+    from vcloud.runtime import env
+
+    env.apply(env.parse_pairs(args.env))
+
+
 def _cmd_train(args: argparse.Namespace) -> None:
+    _apply_env(args)
     from vcloud.train.run import run_training
 
     checkpoints = {n: path for n in range(3) if (path := getattr(args, f"stage{n}")) is not None}
@@ -88,6 +96,7 @@ def _cmd_train(args: argparse.Namespace) -> None:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> None:
+    _apply_env(args)
     from vcloud.train.evaluate import evaluate
 
     evaluate(
@@ -105,6 +114,12 @@ def _cmd_memory(args: argparse.Namespace) -> None:
     from vcloud.runtime.memory import main as memory_main
 
     print(memory_main(args.config, args.json))
+
+
+def _cmd_lumi_profile(args: argparse.Namespace) -> None:
+    from vcloud.runtime.profile import write_profile
+
+    print(write_profile(args.config, args.out, check=args.check))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -163,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     for n in range(3):
         p.add_argument(f"--stage{n}", type=Path, help=f"stage {n} best.pt (stages that build on it)")
     p.add_argument("--wind-cache", type=Path, help="wind-scanner cache (when stage1.model.wind_scan)")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="set before torch starts ({node}, {user} expand); repeatable")
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("evaluate", help="a stage's metrics on a prepared store, next to baselines")
@@ -173,12 +190,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, required=True, help="config/models/*.yaml the stages used")
     p.add_argument("--wind-cache", type=Path, help="wind-scanner cache (when stage1.model.wind_scan)")
     p.add_argument("--samples", type=int, help="fixed-protocol samples (default: one per clear date)")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="set before torch starts ({node}, {user} expand); repeatable")
     p.set_defaults(func=_cmd_evaluate)
 
     p = sub.add_parser("memory", help="memory estimate per component of the stage-1 model")
     p.add_argument("--config", type=Path, required=True, help="config/models/*.yaml")
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     p.set_defaults(func=_cmd_memory)
+
+    p = sub.add_parser("lumi-profile", help="generate profiles/lumi from the cluster section of config/lumi.yaml")
+    p.add_argument("--config", type=Path, default=Path("config/lumi.yaml"), help="workflow config with a cluster section")
+    p.add_argument("--out", type=Path, default=Path("profiles/lumi/config.yaml"))
+    p.add_argument("--check", action="store_true", help="fail when the profile differs, write nothing")
+    p.set_defaults(func=_cmd_lumi_profile)
     return parser
 
 

@@ -1,9 +1,17 @@
 # Input functions and path helpers shared by every rules file (get_* / is_*).
+import shlex
 from pathlib import Path
 
 from vcloud.config import config_hash, load_model_config, stage_config_dict
 from vcloud.data.layout import discover_rois, parse_roi
 from vcloud.data.splits import assign_splits
+from vcloud.runtime.lumi import (
+    Cluster,
+    RuleResources,
+    launch_prefix,
+    slurm_resources,
+    uses_container,
+)
 
 DATA = config["data"]
 PATHS = config["paths"]
@@ -146,5 +154,36 @@ def get_final_outputs():
     )
 
 
+CLUSTER = Cluster.from_config(config)  # None: local run (no cluster section)
+
+
 def get_resources(rule_name):
     return config["resources"][rule_name]
+
+
+def get_rule_resources(rule_name):
+    return RuleResources.from_config(config, rule_name)
+
+
+def get_slurm_resources(rule_name):
+    """runtime and mem_mb; on a cluster also partition, account, GPUs, CPUs, nodes."""
+    return slurm_resources(get_rule_resources(rule_name), CLUSTER)
+
+
+def get_container(rule_name):
+    """The cluster's image, except for multi-node rules (they srun into it themselves)."""
+    if uses_container(get_rule_resources(rule_name), CLUSTER):
+        return CLUSTER.image
+    return None
+
+
+def get_launch_prefix(rule_name):
+    """torchrun for several GCDs on one node, srun + singularity exec for several nodes."""
+    return launch_prefix(get_rule_resources(rule_name), CLUSTER)
+
+
+def get_runtime_env_flags():
+    return " ".join(
+        f"--env {shlex.quote(f'{name}={value}')}"
+        for name, value in config["runtime_env"].items()
+    )

@@ -10,10 +10,11 @@ rule synth_raw:
         "benchmarks/synth_raw/synth_raw.tsv"
     conda:
         "../../envs/vcloud.yaml"
+    container:
+        get_container("synth_raw")
     threads: get_resources("synth_raw")["threads"]
     resources:
-        runtime=get_resources("synth_raw")["runtime"],
-        mem_mb=get_resources("synth_raw")["mem_mb"],
+        **get_slurm_resources("synth_raw"),
     params:
         rois=" ".join(f"--roi {roi}" for roi in config["synthetic"]["rois"]),
         patches=config["synthetic"]["patches"],
@@ -37,10 +38,11 @@ rule prepare_roi:
         "benchmarks/prepare_roi/{roi}.tsv"
     conda:
         "../../envs/vcloud.yaml"
+    container:
+        get_container("prepare_roi")
     threads: get_resources("prepare_roi")["threads"]
     resources:
-        runtime=get_resources("prepare_roi")["runtime"],
-        mem_mb=get_resources("prepare_roi")["mem_mb"],
+        **get_slurm_resources("prepare_roi"),
     params:
         raw=get_raw_dir(),
         roi=lambda wildcards: str(parse_roi(wildcards.roi)),
@@ -71,9 +73,10 @@ rule assemble_split:
         "benchmarks/assemble_split/{split}.tsv"
     conda:
         "../../envs/vcloud.yaml"
+    container:
+        get_container("assemble_split")
     threads: get_resources("assemble_split")["threads"]
     resources:
-        runtime=get_resources("assemble_split")["runtime"],
-        mem_mb=get_resources("assemble_split")["mem_mb"],
+        **get_slurm_resources("assemble_split"),
     shell:
         "vcloud assemble --out {output.store} {input} > {log} 2>&1"

@@ -15,11 +15,14 @@ for stage in range(4):
             f"benchmarks/evaluate_stage{stage}/evaluate_stage{stage}.tsv"
         conda:
             "../../envs/vcloud.yaml"
-        threads: 1
+        container:
+            get_container("evaluate")
+        threads: get_resources("evaluate")["threads"]
         resources:
-            runtime=get_resources("evaluate")["runtime"],
-            mem_mb=get_resources("evaluate")["mem_mb"],
+            **get_slurm_resources("evaluate"),
         params:
+            # Functions of resources: how a job is launched is not a rerun trigger (params are).
+            env=lambda wildcards, resources: get_runtime_env_flags(),
             stage=stage,
             config=get_model_config(),
             results=lambda wildcards, output: str(Path(output.report).parent.parent),
@@ -30,4 +33,5 @@ for stage in range(4):
             ),
         shell:
             "vcloud evaluate --stage {params.stage} --store {input.store} --out {output.report}"
-            " --results {params.results} --config {params.config} {params.wind} > {log} 2>&1"
+            " --results {params.results} --config {params.config} {params.wind}"
+            " {params.env} > {log} 2>&1"

@@ -17,17 +17,23 @@ for stage in range(4):
             f"benchmarks/train_stage{stage}/train_stage{stage}.tsv"
         conda:
             "../../envs/vcloud.yaml"
+        container:
+            get_container(f"train_stage{stage}")
         threads: get_resources(f"train_stage{stage}")["threads"]
         resources:
-            runtime=get_resources(f"train_stage{stage}")["runtime"],
-            mem_mb=get_resources(f"train_stage{stage}")["mem_mb"],
+            **get_slurm_resources(f"train_stage{stage}"),
         params:
             stage=stage,
             config=get_model_config(),
             out=lambda wildcards, output: str(Path(output.best).parent),
             upstream=lambda wildcards, input: get_upstream_flags(input),
             config_hash=get_stage_hash(stage),
+            # Functions of resources: how a job is launched is not a rerun trigger (params are).
+            env=lambda wildcards, resources: get_runtime_env_flags(),
+            launch=lambda wildcards, resources, stage=stage: get_launch_prefix(
+                f"train_stage{stage}"
+            ),
         shell:
-            "vcloud train --stage {params.stage} --config {params.config}"
+            "{params.launch} vcloud train --stage {params.stage} --config {params.config}"
             " --train {input.train} --val {input.val} --out {params.out}"
-            " {params.upstream} > {log} 2>&1"
+            " {params.upstream} {params.env} > {log} 2>&1"

@@ -9,10 +9,11 @@ rule wind_cache:
         "logs/wind_cache/wind_cache.log",
     conda:
         "../../envs/vcloud.yaml"
-    threads: 1
+    container:
+        get_container("wind_cache")
+    threads: get_resources("wind_cache")["threads"]
     resources:
-        runtime=10,
-        mem_mb=1000,
+        **get_slurm_resources("wind_cache"),
     params:
         grid_h=lambda wildcards: get_wind_grid()[0],
         grid_w=lambda wildcards: get_wind_grid()[1],

@@ -9,6 +9,7 @@ import torch
 
 from vcloud.config import config_hash, load_model_config, stage_config_dict
 from vcloud.errors import ConfigError
+from vcloud.runtime.env import log_gpu_state
 from vcloud.train import distributed
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ def run_training(
     distributed.init_process_group(env, device=device)
     try:
         log.info(distributed.describe(env, device))
+        log_gpu_state(env.local_rank)
         stage_cfg = getattr(cfg, f"stage{stage}")
         torch.manual_seed(stage_cfg.train.seed)  # identical initial weights on every rank
         kwargs = {"train": train, "val": val}

@@ -1,0 +1,70 @@
+"""The process environment a training or evaluation run needs on LUMI, set by vcloud itself.
+
+Rules pass the workflow config's `runtime_env` as `--env KEY=VALUE` options; `apply` sets
+them before torch is imported (the HIP allocator reads PYTORCH_HIP_ALLOC_CONF once, at its
+first allocation, and RCCL reads NCCL_*/FI_CXI_* at init). "{node}" and "{user}" in a value
+expand to the SLURM node index and the user name, so that MIOpen's SQLite caches live on
+node-local storage, one per node (seed 003: Lustre handles their locks badly).
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable, MutableMapping
+
+from vcloud.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+# Values that name a folder the process should find existing.
+_FOLDERS = ("MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR")
+
+
+def parse_pairs(pairs: Iterable[str]) -> dict[str, str]:
+    """["A=1", "B=x=y"] -> {"A": "1", "B": "x=y"}; ConfigError naming a malformed pair."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name or not name.replace("_", "").isalnum() or name[0].isdigit():
+            raise ConfigError(f"--env {pair!r}: expected NAME=VALUE with NAME a variable name")
+        out[name] = value
+    return out
+
+
+def expand(value: str, environ: MutableMapping[str, str]) -> str:
+    node = environ.get("SLURM_NODEID") or "0"
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry inside some containers
+        user = environ.get("USER", "user")
+    return value.replace("{node}", node).replace("{user}", user)
+
+
+def apply(settings: dict[str, str], environ: MutableMapping[str, str] = os.environ) -> dict[str, str]:
+    """Set every variable (expanded) and create the cache folders; returns what was set."""
+    done = {name: expand(value, environ) for name, value in settings.items()}
+    environ.update(done)
+    for name in _FOLDERS:
+        if name in done:
+            os.makedirs(done[name], exist_ok=True)
+    return done
+
+
+def log_gpu_state(local_rank: int) -> None:
+    """Local rank 0 logs rocm-smi (seed 003's smoke test) when the tool is there."""
+    if local_rank != 0:
+        return
+    tool = shutil.which("rocm-smi")
+    if tool is None:
+        log.info("rocm-smi: not on PATH, GPU state not logged")
+        return
+    try:
+        out = subprocess.run([tool], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        log.warning("rocm-smi: %s", err)
+        return
+    log.info("rocm-smi (exit %d):\n%s", out.returncode, (out.stdout + out.stderr).rstrip())

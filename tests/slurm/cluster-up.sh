@@ -1,0 +1,585 @@
+#!/usr/bin/env bash
+# Bring up a real single-node SLURM cluster on this machine, for tests and CI.
+#
+#   cluster-up.sh            install (first time), configure, start, verify; exit 0 when up.
+#                            Idempotent: when everything is already up it only re-checks
+#                            (about a second) and exits 0.
+#   cluster-up.sh --check    verify a running cluster with real jobs (srun, sbatch + sacct).
+#   cluster-up.sh --down     stop every daemon this script starts (slurmd, slurmctld,
+#                            slurmdbd, mariadb, munged).
+#
+# The cluster looks like LUMI from a job's point of view: partitions small (default),
+# small-g, standard-g and dev-g on one node, one fake GPU (gres gpu:1 backed by
+# /dev/null), accounts project_465000000 and vcloud_test, and accounting through
+# slurmdbd + mariadb so that `sacct` works.
+#
+# Exit codes: 0 up / checked / stopped; 1 failure (one line "cluster-up: ..." on stderr
+# saying what and which log to read); 77 this machine cannot host it (not root, or the
+# packages are missing and there is no apt-get), which pytest fixtures turn into a skip.
+#
+# Made for Debian 12 (slurm-wlm 22.05) as root without systemd: every daemon is started
+# by hand, detached from the caller (setsid, stdio to log files) so that a caller that
+# captures our output (subprocess.run(capture_output=True)) is never kept waiting.
+set -Eeuo pipefail
+
+PROG=cluster-up
+CLUSTER=vcloud
+ACCOUNTS=(project_465000000 vcloud_test)
+PARTITIONS=(small small-g standard-g dev-g)
+
+CONF_DIR=/etc/slurm
+LOG_DIR=/var/log/slurm
+RUN_DIR=/run/slurm
+CTLD_SPOOL=/var/spool/slurmctld
+SLURMD_SPOOL=/var/spool/slurmd
+MARIADB_CNF=/etc/mysql/mariadb.conf.d/99-vcloud-slurmdbd.cnf
+LOCK_FILE=/run/lock/vcloud-cluster-up.lock
+
+DB_NAME=slurm_acct_db
+DB_USER=slurm
+DB_PASS=vcloud-slurmdbd # test-only cluster; mariadb listens on localhost only
+
+PACKAGES=(munge mariadb-server slurm-wlm slurmctld slurmd slurmdbd slurm-client procps)
+NEEDED_BINARIES=(munged munge unmunge mysqld_safe mysqladmin mysql slurmctld slurmd slurmdbd
+    sinfo srun sbatch sacct sacctmgr scontrol pgrep)
+
+TIMEOUT=${CLUSTER_UP_TIMEOUT:-60} # seconds to wait for each daemon
+DAEMON_PATH=/usr/sbin:/usr/bin:/sbin:/bin
+
+STARTED=0 # set to 1 when this run (re)started anything -> run the full job check
+
+# ---------------------------------------------------------------------------- helpers
+
+say() { echo "$PROG: $*" >&2; }
+die() {
+    say "$*"
+    exit 1
+}
+skip() {
+    say "$*"
+    exit 77
+}
+trap 'die "unexpected failure (line $LINENO: $BASH_COMMAND)"' ERR
+
+# wait_until SECONDS CMD...: poll CMD every 0.2 s until it succeeds; false on timeout.
+wait_until() {
+    local deadline=$((SECONDS + $1))
+    shift
+    until "$@"; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.2
+    done
+}
+
+# Start a daemon fully detached from us (new session, stdio not ours) with a clean
+# environment. `setsid -w` waits for the foreground process, i.e. until a
+# self-daemonizing program has forked, so a config error that makes it exit at
+# once shows in the exit status. Its early output goes to $LOG_DIR/NAME.start.log,
+# not to the daemon's own log: a log file created here would belong to root, and
+# daemons that drop privileges (munged, slurmctld, slurmdbd) then refuse or fail to
+# write it.
+launch() {
+    local name=$1
+    shift
+    env -i PATH="$DAEMON_PATH" LANG=C.UTF-8 HOME=/root setsid -w "$@" \
+        </dev/null >>"$LOG_DIR/$name.start.log" 2>&1
+}
+
+# fail_start NAME LOG: one line saying NAME did not start, where to look, and the
+# last line it printed before opening its own log, if any.
+fail_start() {
+    local name=$1 log=$2 last=""
+    [[ -s $LOG_DIR/$name.start.log ]] && last=$(tail -n1 "$LOG_DIR/$name.start.log")
+    die "$name did not start, see $log${last:+ (last output: $last)}"
+}
+
+# The pid of a running daemon: from its pid file if that names a live process of
+# that name, else the oldest process with exactly that name (pgrep -o -x).
+daemon_pid() {
+    local name=$1 pidfile=$2 pid=""
+    if [[ -s $pidfile ]]; then
+        pid=$(<"$pidfile")
+        if [[ $pid =~ ^[0-9]+$ && -r /proc/$pid/comm && $(<"/proc/$pid/comm") == "$name" ]]; then
+            echo "$pid"
+            return 0
+        fi
+    fi
+    pgrep -o -x "$name"
+}
+
+# stop_daemon NAME PIDFILE: SIGTERM, wait, then SIGKILL; only that daemon's pids.
+stop_daemon() {
+    local name=$1 pidfile=$2 pid
+    while pid=$(daemon_pid "$name" "$pidfile"); do
+        kill -TERM "$pid" 2>/dev/null || true
+        if ! wait_until 30 bash -c "! kill -0 $pid 2>/dev/null"; then
+            say "$name (pid $pid) ignored SIGTERM for 30 s, killing it"
+            kill -KILL "$pid" 2>/dev/null || true
+            wait_until 5 bash -c "! kill -0 $pid 2>/dev/null" || die "could not stop $name (pid $pid)"
+        fi
+    done
+    rm -f "$pidfile"
+}
+
+# A daemon records the hash of the config files it was started with; a running
+# daemon whose stamp differs from the files on disk is restarted.
+conf_hash() { cat "$@" | sha256sum | cut -d' ' -f1; }
+stamp_ok() { [[ -f $RUN_DIR/$1.conf-sha && $(<"$RUN_DIR/$1.conf-sha") == "$2" ]]; }
+write_stamp() { echo "$2" >"$RUN_DIR/$1.conf-sha"; }
+
+# Replace FILE with the content on stdin only if it differs (keeps mtimes stable).
+install_file() {
+    local file=$1 mode=$2 owner=$3 tmp
+    tmp=$(mktemp)
+    cat >"$tmp"
+    if [[ -f $file ]] && cmp -s "$tmp" "$file"; then
+        rm -f "$tmp"
+    else
+        install -D -m "$mode" -o "${owner%:*}" -g "${owner#*:}" "$tmp" "$file"
+        rm -f "$tmp"
+    fi
+    chmod "$mode" "$file"
+    chown "$owner" "$file"
+}
+
+# ---------------------------------------------------------------------------- install
+
+preflight() {
+    [[ $(id -u) == 0 ]] || skip "needs root (it installs packages and starts system daemons)"
+    local b missing=()
+    for b in "${NEEDED_BINARIES[@]}"; do
+        command -v "$b" >/dev/null 2>&1 || PATH="$PATH:$DAEMON_PATH" command -v "$b" >/dev/null 2>&1 || missing+=("$b")
+    done
+    if ((${#missing[@]})) && ! command -v apt-get >/dev/null 2>&1; then
+        skip "SLURM is not installed (${missing[*]} missing) and there is no apt-get to install it"
+    fi
+    export PATH="$PATH:$DAEMON_PATH"
+}
+
+install_packages() {
+    local b missing=0
+    for b in "${NEEDED_BINARIES[@]}"; do command -v "$b" >/dev/null 2>&1 || missing=1; done
+    ((missing)) || return 0
+    mkdir -p "$LOG_DIR"
+    local log=$LOG_DIR/cluster-up-apt.log
+    say "installing ${PACKAGES[*]} (log: $log)"
+    # No init system here: keep package scripts from starting daemons with
+    # default configs (Docker images ship such a policy-rc.d already).
+    local policy_added=0
+    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+        chmod +x /usr/sbin/policy-rc.d
+        policy_added=1
+    fi
+    local rc=0
+    {
+        apt-get update -q &&
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+                -o DPkg::Lock::Timeout=300 "${PACKAGES[@]}"
+    } >"$log" 2>&1 || rc=$?
+    ((policy_added)) && rm -f /usr/sbin/policy-rc.d
+    ((rc == 0)) || die "apt-get failed (exit $rc), see $log"
+    for b in "${NEEDED_BINARIES[@]}"; do
+        command -v "$b" >/dev/null 2>&1 || die "$b still missing after install, see $log"
+    done
+}
+
+# ---------------------------------------------------------------------------- config
+
+prepare_dirs() {
+    id slurm >/dev/null 2>&1 || die "user slurm does not exist (package install incomplete?)"
+    install -d -m 755 -o slurm -g slurm "$LOG_DIR" "$RUN_DIR" "$CTLD_SPOOL"
+    install -d -m 755 -o root -g root "$SLURMD_SPOOL" "$CONF_DIR"
+    install -d -m 755 -o munge -g munge /run/munge
+    install -d -m 700 -o munge -g munge /var/lib/munge /var/log/munge
+    install -d -m 755 -o mysql -g mysql /run/mysqld
+    touch "$LOG_DIR/mariadb.log"
+    chown mysql:mysql "$LOG_DIR/mariadb.log"
+}
+
+# Node hardware as slurmd sees it: "CPUs=2 Sockets=1 CoresPerSocket=2 ThreadsPerCore=1 RealMemory=N".
+node_hardware() {
+    local line cpus sockets cores threads mem
+    line=$(slurmd -C 2>/dev/null | head -n1) || die "slurmd -C failed"
+    cpus=$(sed -n 's/.* CPUs=\([0-9]*\).*/\1/p' <<<"$line")
+    sockets=$(sed -n 's/.*SocketsPerBoard=\([0-9]*\).*/\1/p' <<<"$line")
+    cores=$(sed -n 's/.*CoresPerSocket=\([0-9]*\).*/\1/p' <<<"$line")
+    threads=$(sed -n 's/.*ThreadsPerCore=\([0-9]*\).*/\1/p' <<<"$line")
+    mem=$(sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' <<<"$line")
+    [[ -n $cpus && -n $sockets && -n $cores && -n $threads && -n $mem ]] ||
+        die "could not parse 'slurmd -C' output: $line"
+    # Leave ~5% (at least 512 MB) for the OS and our daemons; a node whose
+    # slurmd reports less memory than configured would be drained.
+    local spare=$((mem / 20 > 512 ? mem / 20 : 512))
+    mem=$(((mem - spare) / 256 * 256))
+    echo "CPUs=$cpus Sockets=$sockets CoresPerSocket=$cores ThreadsPerCore=$threads RealMemory=$mem"
+}
+
+write_configs() {
+    HOST=$(hostname -s)
+    local hw
+    hw=$(node_hardware) || exit 1
+
+    install_file "$CONF_DIR/slurm.conf" 644 root:root <<EOF
+# Written by tests/slurm/cluster-up.sh (vcloud): a single-node test cluster shaped
+# like LUMI. Rewritten on every run; edits here are overwritten and restart the daemons.
+ClusterName=$CLUSTER
+# Everything on this host; 127.0.0.1 so that name resolution can never get in the way.
+SlurmctldHost=$HOST(127.0.0.1)
+SlurmUser=slurm
+AuthType=auth/munge
+MpiDefault=none
+# No usable cgroups in this sandbox: track job processes through /proc, no CPU binding.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+# A node that was down (slurmd stopped) becomes usable again as soon as slurmd registers.
+ReturnToService=2
+
+SlurmctldPidFile=$RUN_DIR/slurmctld.pid
+SlurmdPidFile=$RUN_DIR/slurmd.pid
+SlurmctldLogFile=$LOG_DIR/slurmctld.log
+SlurmdLogFile=$LOG_DIR/slurmd.log
+StateSaveLocation=$CTLD_SPOOL
+SlurmdSpoolDir=$SLURMD_SPOOL
+SlurmctldDebug=info
+SlurmdDebug=info
+
+# Timers kept short for tests: finished jobs leave squeue after 10 s (sacct keeps
+# them), SIGKILL follows SIGTERM after 5 s on cancel/timeout.
+MinJobAge=10
+KillWait=5
+InactiveLimit=0
+Waittime=0
+
+# Scheduling: jobs start at submit time when resources are free; bf_interval=1 and
+# sched_interval=2 (main loop, default 60 s) keep a pending job's start latency low.
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1,sched_interval=2
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+# Without a default, a job that gives no --mem is given the whole node's memory.
+DefMemPerCPU=1000
+GresTypes=gpu
+
+# Accounting through slurmdbd (sacct). GRES are not tracked unless listed: needed
+# for gres/gpu=N to show in sacct's AllocTRES.
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStorageTRES=gres/gpu
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherFrequency=30
+JobCompType=jobcomp/none
+
+NodeName=$HOST NodeAddr=127.0.0.1 $hw Gres=gpu:1 State=UNKNOWN
+PartitionName=small      Nodes=$HOST Default=YES MaxTime=3-00:00:00 State=UP
+PartitionName=small-g    Nodes=$HOST MaxTime=3-00:00:00 State=UP
+PartitionName=standard-g Nodes=$HOST MaxTime=2-00:00:00 State=UP
+PartitionName=dev-g      Nodes=$HOST MaxTime=03:00:00 State=UP
+EOF
+
+    # A fake GPU. It needs a device file (a file-less gpu gres is dropped by slurmd
+    # and the node drains for "gres/gpu count too low"); /dev/null serves.
+    install_file "$CONF_DIR/gres.conf" 644 root:root <<EOF
+# Written by tests/slurm/cluster-up.sh: one fake GPU, no autodetection.
+AutoDetect=off
+NodeName=$HOST Name=gpu File=/dev/null Count=1
+EOF
+
+    # slurmdbd refuses a config readable by others; it must belong to SlurmUser.
+    install_file "$CONF_DIR/slurmdbd.conf" 600 slurm:slurm <<EOF
+# Written by tests/slurm/cluster-up.sh.
+AuthType=auth/munge
+DbdHost=localhost
+DbdPort=6819
+SlurmUser=slurm
+DebugLevel=info
+LogFile=$LOG_DIR/slurmdbd.log
+PidFile=$RUN_DIR/slurmdbd.pid
+StorageType=accounting_storage/mysql
+StorageHost=localhost
+StorageUser=$DB_USER
+StoragePass=$DB_PASS
+StorageLoc=$DB_NAME
+EOF
+
+    # slurmdbd logs "Database settings not recommended values" below half of its
+    # recommendations (1 GB buffer pool, 900 s lock wait); mariadb allocates lazily.
+    install_file "$MARIADB_CNF" 644 root:root <<EOF
+# Written by tests/slurm/cluster-up.sh: values recommended for slurmdbd.
+[mysqld]
+bind-address=127.0.0.1
+innodb_buffer_pool_size=512M
+innodb_log_file_size=64M
+innodb_lock_wait_timeout=900
+EOF
+
+    SLURM_HASH=$(conf_hash "$CONF_DIR/slurm.conf" "$CONF_DIR/gres.conf")
+    DBD_HASH=$(conf_hash "$CONF_DIR/slurmdbd.conf")
+    MARIADB_HASH=$(conf_hash "$MARIADB_CNF")
+}
+
+# ---------------------------------------------------------------------------- daemons
+
+munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
+
+start_munge() {
+    munge_ok && return 0
+    if [[ ! -s /etc/munge/munge.key ]]; then
+        mungekey --create --keyfile=/etc/munge/munge.key
+    fi
+    chown munge:munge /etc/munge/munge.key
+    chmod 400 /etc/munge/munge.key
+    stop_daemon munged /run/munge/munged.pid # a hung one
+    say "starting munged"
+    launch munged runuser -u munge -- munged ||
+        fail_start munged /var/log/munge/munged.log
+    wait_until "$TIMEOUT" munge_ok || fail_start munged /var/log/munge/munged.log
+    STARTED=1
+}
+
+mariadb_ok() { mysqladmin --connect-timeout=2 ping >/dev/null 2>&1; }
+
+start_mariadb() {
+    if mariadb_ok && stamp_ok mariadb "$MARIADB_HASH"; then return 0; fi
+    if mariadb_ok; then
+        say "restarting mariadb (config changed)"
+        mysqladmin shutdown || true
+        wait_until "$TIMEOUT" bash -c '! pgrep -x mariadbd >/dev/null && ! pgrep -x mysqld >/dev/null' ||
+            die "mariadb did not stop"
+    fi
+    if [[ ! -d /var/lib/mysql/mysql ]]; then
+        say "initialising the mariadb data directory"
+        mariadb-install-db --user=mysql --datadir=/var/lib/mysql >>"$LOG_DIR/mariadb.log" 2>&1 ||
+            die "mariadb-install-db failed, see $LOG_DIR/mariadb.log"
+    fi
+    say "starting mariadb"
+    # mysqld_safe stays in the foreground: -f forks it off instead of waiting.
+    env -i PATH="$DAEMON_PATH" LANG=C.UTF-8 HOME=/root setsid -f mysqld_safe --skip-syslog \
+        --log-error="$LOG_DIR/mariadb.log" </dev/null >>"$LOG_DIR/mariadb.start.log" 2>&1
+    wait_until "$TIMEOUT" mariadb_ok || fail_start mariadb "$LOG_DIR/mariadb.log"
+    write_stamp mariadb "$MARIADB_HASH"
+    STARTED=1
+}
+
+setup_database() {
+    mysql -u root <<EOF || die "could not create the slurm database/user in mariadb"
+CREATE DATABASE IF NOT EXISTS $DB_NAME;
+CREATE USER IF NOT EXISTS '$DB_USER'@'localhost' IDENTIFIED BY '$DB_PASS';
+ALTER USER '$DB_USER'@'localhost' IDENTIFIED BY '$DB_PASS';
+GRANT ALL ON $DB_NAME.* TO '$DB_USER'@'localhost';
+FLUSH PRIVILEGES;
+EOF
+}
+
+slurmdbd_ok() { timeout 10 sacctmgr -n list cluster >/dev/null 2>&1; }
+
+start_slurmdbd() {
+    local pid=""
+    pid=$(daemon_pid slurmdbd "$RUN_DIR/slurmdbd.pid") || true
+    if [[ -n $pid ]] && stamp_ok slurmdbd "$DBD_HASH" && slurmdbd_ok; then return 0; fi
+    [[ -z $pid ]] || say "restarting slurmdbd (config changed or not answering)"
+    stop_daemon slurmdbd "$RUN_DIR/slurmdbd.pid"
+    setup_database
+    say "starting slurmdbd"
+    launch slurmdbd slurmdbd ||
+        fail_start slurmdbd "$LOG_DIR/slurmdbd.log"
+    wait_until "$TIMEOUT" slurmdbd_ok || fail_start slurmdbd "$LOG_DIR/slurmdbd.log"
+    write_stamp slurmdbd "$DBD_HASH"
+    STARTED=1
+}
+
+# Cluster, accounts and root's associations in the accounting database.
+ensure_accounting() {
+    local list a
+    list=$(sacctmgr -n -P list cluster format=cluster)
+    if ! grep -qx "$CLUSTER" <<<"$list"; then
+        sacctmgr -i add cluster "$CLUSTER" >/dev/null || die "sacctmgr could not add cluster $CLUSTER"
+    fi
+    list=$(sacctmgr -n -P list account format=account)
+    for a in "${ACCOUNTS[@]}"; do
+        if ! grep -qx "$a" <<<"$list"; then
+            sacctmgr -i add account "$a" cluster="$CLUSTER" description="vcloud test" organization=vcloud >/dev/null ||
+                die "sacctmgr could not add account $a"
+        fi
+    done
+    list=$(sacctmgr -n -P list assoc cluster="$CLUSTER" user=root format=account)
+    for a in "${ACCOUNTS[@]}"; do
+        if ! grep -qx "$a" <<<"$list"; then
+            sacctmgr -i add user root account="$a" cluster="$CLUSTER" >/dev/null ||
+                die "sacctmgr could not associate root with account $a"
+        fi
+    done
+}
+
+slurmctld_ok() { timeout 10 scontrol ping 2>/dev/null | grep -q 'is UP'; }
+
+start_slurmctld() {
+    local pid=""
+    pid=$(daemon_pid slurmctld "$RUN_DIR/slurmctld.pid") || true
+    if [[ -n $pid ]] && stamp_ok slurmctld "$SLURM_HASH" && slurmctld_ok; then return 0; fi
+    [[ -z $pid ]] || say "restarting slurmctld (config changed or not answering)"
+    stop_daemon slurmctld "$RUN_DIR/slurmctld.pid"
+    say "starting slurmctld"
+    launch slurmctld slurmctld ||
+        fail_start slurmctld "$LOG_DIR/slurmctld.log"
+    wait_until "$TIMEOUT" slurmctld_ok || fail_start slurmctld "$LOG_DIR/slurmctld.log"
+    write_stamp slurmctld "$SLURM_HASH"
+    STARTED=1
+}
+
+start_slurmd() {
+    local pid=""
+    pid=$(daemon_pid slurmd "$RUN_DIR/slurmd.pid") || true
+    if [[ -n $pid ]] && stamp_ok slurmd "$SLURM_HASH"; then return 0; fi
+    [[ -z $pid ]] || say "restarting slurmd (config changed)"
+    stop_daemon slurmd "$RUN_DIR/slurmd.pid"
+    say "starting slurmd"
+    launch slurmd slurmd || fail_start slurmd "$LOG_DIR/slurmd.log"
+    write_stamp slurmd "$SLURM_HASH"
+    STARTED=1
+}
+
+# Compact node state as sinfo prints it (%t): idle, mix, alloc, drain, down*, ...
+node_state() { sinfo -h -N -n "$HOST" -o %t 2>/dev/null | head -n1; }
+node_usable() { [[ $(node_state) =~ ^(idle|mix|alloc|comp)$ ]]; }
+
+# Wait for the node to be usable; resume it when drained or down (e.g. by an
+# earlier attempt with another config, or slurmd restarts). "*" = not responding yet.
+wait_node() {
+    local deadline=$((SECONDS + TIMEOUT)) state resumed=0
+    while ((SECONDS < deadline)); do
+        state=$(node_state)
+        case $state in
+        idle | mix | alloc | comp) return 0 ;;
+        *'*') ;; # slurmd has not registered (yet)
+        drain* | drng* | down* | fail* | maint*)
+            if ((SECONDS >= resumed)); then
+                say "node $HOST is $state ($(sinfo -h -N -n "$HOST" -o %E | head -n1)), resuming it"
+                scontrol update nodename="$HOST" state=resume 2>/dev/null || true
+                resumed=$((SECONDS + 5))
+            fi
+            ;;
+        esac
+        sleep 0.3
+    done
+    die "node $HOST is '$(node_state)' ($(sinfo -h -N -n "$HOST" -o %E | head -n1)), not idle; see $LOG_DIR/slurmd.log and $LOG_DIR/slurmctld.log"
+}
+
+# ---------------------------------------------------------------------------- checks
+
+# Cheap: daemons answer, the 4 partitions exist and are up, the node is usable.
+quick_check() {
+    HOST=${HOST:-$(hostname -s)}
+    munge_ok || die "munged is not running (run $0 to start it)"
+    slurmctld_ok || die "slurmctld is not answering, see $LOG_DIR/slurmctld.log"
+    slurmdbd_ok || die "slurmdbd is not answering, see $LOG_DIR/slurmdbd.log"
+    local p line
+    for p in "${PARTITIONS[@]}"; do
+        line=$(sinfo -h -p "$p" -o '%R %a %t' 2>/dev/null | head -n1)
+        [[ -n $line ]] || die "partition $p missing from sinfo"
+        read -r _ avail state <<<"$line"
+        [[ $avail == up ]] || die "partition $p is $avail"
+        [[ $state =~ ^(idle|mix|alloc|comp)$ ]] || die "partition $p: node is '$state', see $LOG_DIR/slurmd.log"
+    done
+}
+
+# Real jobs: srun, a 2-task srun, and an sbatch GPU job seen by sacct.
+full_check() {
+    quick_check
+    local tmp out id state line part limit tres
+    tmp=$(mktemp -d /tmp/cluster-up-check.XXXXXX)
+    CHECK_TMP=$tmp
+    trap 'rm -rf "$CHECK_TMP"' EXIT
+
+    timeout 120 srun -p small -n1 -t 1 true >"$tmp/srun.log" 2>&1 ||
+        die "'srun -p small -n1 true' failed: $(tail -n1 "$tmp/srun.log")"
+
+    out=$(timeout 120 srun -p small -n2 -t 1 bash -c 'echo $SLURM_PROCID' 2>"$tmp/srun2.log" | sort | tr '\n' ' ') ||
+        die "'srun -n2 -p small' failed: $(tail -n1 "$tmp/srun2.log")"
+    [[ $out == "0 1 " ]] || die "'srun -n2' printed '$out', expected ranks 0 and 1"
+
+    id=$(sbatch --parsable -p small-g --gpus=1 -t 5 -A project_465000000 -o "$tmp/job.out" \
+        --wrap 'echo hi; echo "gpus=${CUDA_VISIBLE_DEVICES-unset}"' 2>"$tmp/sbatch.log") ||
+        die "sbatch failed: $(tail -n1 "$tmp/sbatch.log")"
+    id=${id%%;*}
+    # slurmctld reports to slurmdbd asynchronously: for a job this short sacct can
+    # first show COMPLETED with Partition and Timelimit still empty. Poll for both.
+    sacct_done() {
+        IFS='|' read -r state part _ < <(sacct -j "$id" -n -X -P -o State,Partition 2>/dev/null) || true
+        [[ -n ${part:-} && ${state:-} =~ ^(COMPLETED|FAILED|CANCELLED.*|TIMEOUT|OUT_OF_MEMORY|NODE_FAIL)$ ]]
+    }
+    wait_until 120 sacct_done || die "job $id not finished in sacct after 120 s (state '${state:-none}', partition '${part:-}')"
+    line=$(sacct -j "$id" -n -X -P -o State,Partition,Timelimit,AllocTRES)
+    IFS='|' read -r state part limit tres <<<"$line"
+    [[ $state == COMPLETED ]] || die "job $id ended $state, expected COMPLETED ($line)"
+    [[ $part == small-g ]] || die "job $id partition '$part', expected small-g"
+    [[ $limit == 00:05:00 ]] || die "job $id time limit '$limit', expected 00:05:00"
+    [[ ,$tres, == *,gres/gpu=1,* ]] || die "job $id AllocTRES '$tres' lacks gres/gpu=1"
+    grep -qx hi "$tmp/job.out" || die "job $id output lacks 'hi': $(head -c 200 "$tmp/job.out")"
+}
+
+# ---------------------------------------------------------------------------- modes
+
+cmd_up() {
+    local t0=$SECONDS
+    install_packages
+    prepare_dirs
+    write_configs
+    start_munge
+    start_mariadb
+    start_slurmdbd
+    ensure_accounting
+    start_slurmctld
+    start_slurmd
+    wait_node
+    if ((STARTED)); then
+        full_check
+        say "OK: cluster $CLUSTER up on $HOST ($((SECONDS - t0)) s), partitions ${PARTITIONS[*]}"
+    else
+        quick_check
+        say "OK: cluster $CLUSTER already up on $HOST"
+    fi
+}
+
+cmd_check() {
+    full_check
+    say "OK: cluster $CLUSTER on $HOST passed the job checks"
+}
+
+cmd_down() {
+    # Reverse start order; each stop is a no-op when the daemon is not running.
+    stop_daemon slurmd "$RUN_DIR/slurmd.pid"
+    stop_daemon slurmctld "$RUN_DIR/slurmctld.pid"
+    stop_daemon slurmdbd "$RUN_DIR/slurmdbd.pid"
+    if mariadb_ok; then mysqladmin shutdown || true; fi
+    wait_until 30 bash -c '! pgrep -x mariadbd >/dev/null && ! pgrep -x mysqld >/dev/null && ! pgrep -x mysqld_safe >/dev/null' ||
+        die "mariadb did not stop, see $LOG_DIR/mariadb.log"
+    stop_daemon munged /run/munge/munged.pid
+    rm -f "$RUN_DIR"/*.conf-sha
+    say "OK: all daemons stopped"
+}
+
+main() {
+    local mode=up
+    case ${1:-} in
+    "" | --up) mode=up ;;
+    --check) mode=check ;;
+    --down) mode=down ;;
+    -h | --help)
+        sed -n '2,/^set -E/{/^set -E/d;s/^# \{0,1\}//;p}' "$0"
+        exit 0
+        ;;
+    *)
+        say "unknown argument '$1' (use --check, --down or nothing)"
+        exit 2
+        ;;
+    esac
+    preflight
+    # One run at a time (parallel pytest workers may all call us).
+    mkdir -p "$(dirname "$LOCK_FILE")"
+    exec 9>"$LOCK_FILE"
+    flock -w 900 9 || die "another cluster-up.sh kept $LOCK_FILE locked for 15 min"
+    "cmd_$mode"
+}
+
+main "$@"
