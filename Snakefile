@@ -22,6 +22,14 @@ include: "workflow/rules/train.smk"
 include: "workflow/rules/export.smk"
 
 
+# On a cluster (config/lumi.yaml): `vcloud doctor` checks, warnings here, fatal at start.
+warn_cluster_problems()
+
+
+onstart:
+    check_cluster()
+
+
 rule all:
     default_target: True
     input:

@@ -122,6 +122,16 @@ def _cmd_lumi_profile(args: argparse.Namespace) -> None:
     print(write_profile(args.config, args.out, check=args.check))
 
 
+def _cmd_doctor(args: argparse.Namespace) -> None:
+    from vcloud.runtime.doctor import run
+
+    report = run(args.profile, args.config)
+    print(report.text())
+    if report.errors:
+        raise VcloudError(f"{len(report.errors)} check(s) failed")
+    print("doctor: all checks passed")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from vcloud.constants import N_TIMES, PATCH_SIZE
     from vcloud.data.clouds import CloudThresholds
@@ -204,6 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("profiles/lumi/config.yaml"))
     p.add_argument("--check", action="store_true", help="fail when the profile differs, write nothing")
     p.set_defaults(func=_cmd_lumi_profile)
+
+    p = sub.add_parser("doctor", help="pre-flight checks of a cluster run (one line per problem)")
+    p.add_argument("--profile", type=Path, default=Path("profiles/lumi"), help="snakemake profile folder")
+    p.add_argument("--config", type=Path, help="workflow config (default: the profile's configfiles)")
+    p.set_defaults(func=_cmd_doctor)
     return parser
 
 

@@ -187,3 +187,57 @@ def get_runtime_env_flags():
         f"--env {shlex.quote(f'{name}={value}')}"
         for name, value in config["runtime_env"].items()
     )
+
+
+def get_precommand():
+    """The profile's precommand; None while unknown (remote settings come after parsing)."""
+    remote = workflow.remote_execution_settings
+    return None if remote is None else (remote.precommand or "")
+
+
+def get_cluster_report():
+    """vcloud doctor's checks, with this run's own apptainer args and rule inputs."""
+    from vcloud.runtime.doctor import preflight
+
+    settings = workflow.deployment_settings
+    inputs = {
+        f"train_stage{n}": set(getattr(rules, f"train_stage{n}").input.keys())
+        for n in range(4)
+    }
+    found = preflight(
+        config,
+        MODEL_SET,
+        apptainer_args=settings.apptainer_args,
+        precommand=get_precommand(),
+        train_inputs=inputs,
+        memory=False,
+    )
+    methods = {str(m).lower() for m in settings.deployment_method}
+    if not any("apptainer" in m for m in methods):
+        found.errors.append(
+            "software-deployment-method: apptainer is not on, so rules would run outside "
+            "the image (use the lumi profile)"
+        )
+    return found
+
+
+def warn_cluster_problems():
+    """At parse time (dry runs too): every failed check as a warning."""
+    if CLUSTER is None or not workflow.is_main_process:
+        return
+    for line in get_cluster_report().errors:
+        logger.warning(f"vcloud doctor: {line}")
+
+
+def check_cluster():
+    """At workflow start (onstart: real runs only): stop before anything is submitted."""
+    if CLUSTER is None:
+        return
+    found = get_cluster_report()
+    logger.info("\n".join(found.lines))
+    if found.errors:
+        raise WorkflowError(
+            "vcloud doctor: "
+            + "\nvcloud doctor: ".join(found.errors)
+            + "\n(nothing was submitted)"
+        )

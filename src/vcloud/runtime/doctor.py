@@ -1,0 +1,254 @@
+"""`vcloud doctor`: pre-flight checks of a cluster run, each failure one line.
+
+Every failure the LUMI field reports describe that can be seen before a job starts is
+checked here: `--rocm` in the container arguments, a missing bind or containlib, the
+placeholder account, a runtime or GPU request the partition refuses (or bills for nothing),
+the stage-1 memory estimate above one GCD, a distributed stage that would compute the wind
+scan orders itself. The same checks run at workflow start on the lumi profile (the Snakefile's
+`onstart`), so a bad setting stops `snakemake --profile lumi` before anything is submitted;
+a dry run prints them as warnings.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from vcloud.errors import ConfigError
+from vcloud.runtime.lumi import Cluster, RuleResources
+
+TRAIN_RULES = tuple(f"train_stage{n}" for n in range(4))
+
+
+@dataclass
+class Report:
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)  # the GPU-hour table and other facts
+
+    def text(self) -> str:
+        out = list(self.lines)
+        out += [f"warning: {w}" for w in self.warnings]
+        out += [f"error: {e}" for e in self.errors]
+        return "\n".join(out)
+
+
+# --- container arguments ------------------------------------------------------------------
+
+
+def bound_paths(apptainer_args: str) -> set[str]:
+    """Host paths of every -B/--bind in apptainer arguments ("src[:dst[:opts]]", comma lists)."""
+    words = shlex.split(apptainer_args or "")
+    paths: set[str] = set()
+    for i, word in enumerate(words):
+        value = None
+        if word in ("-B", "--bind") and i + 1 < len(words):
+            value = words[i + 1]
+        elif word.startswith("--bind="):
+            value = word.split("=", 1)[1]
+        if value:
+            paths.update(spec.split(":", 1)[0].rstrip("/") for spec in value.split(",") if spec)
+    return paths
+
+
+def check_container(cluster: Cluster, apptainer_args: str | None, precommand: str | None,
+                    report: Report) -> None:
+    args = apptainer_args or ""
+    if "--rocm" in shlex.split(args):
+        report.errors.append("apptainer-args: --rocm injects the host libdrm (GLIBC 2.33) into the "
+                             "GLIBC 2.31 image and crashes it; bind paths explicitly instead")
+    bound = bound_paths(args)
+    for path in cluster.binds:
+        if path.rstrip("/") not in bound:
+            report.errors.append(f"apptainer-args: bind {path} missing (cluster.binds; "
+                                 "regenerate the profile with `vcloud lumi-profile`)")
+    if precommand is None:  # not known yet (the Snakefile at parse time)
+        return
+    libs = _containlibs(precommand)
+    for lib in cluster.containlibs:
+        if lib not in libs:
+            report.errors.append(f"precommand: {lib} not in SINGULARITY_CONTAINLIBS (without it: "
+                                 "'No HIP GPUs available'); regenerate the profile")
+
+
+def _containlibs(precommand: str) -> set[str]:
+    libs: set[str] = set()
+    for word in shlex.split(precommand.replace(";", " ; ")):
+        for name in ("SINGULARITY_CONTAINLIBS=", "APPTAINER_CONTAINLIBS="):
+            if word.startswith(name):
+                libs.update(word[len(name):].split(","))
+    return libs
+
+
+# --- resources ----------------------------------------------------------------------------
+
+
+def check_resources(config: dict, cluster: Cluster, report: Report) -> None:
+    for key in config["resources"]:
+        res = RuleResources.from_config(config, key)
+        where = f"resources.{key}"
+        part = cluster.partitions.get(res.partition)
+        if part is None:
+            report.errors.append(f"{where}.partition: {res.partition!r} is not one of "
+                                 f"{', '.join(cluster.partitions)}")
+            continue
+        if res.runtime > part.max_runtime:
+            report.errors.append(f"{where}.runtime: {_hours(res.runtime)} is above the "
+                                 f"{part.name} limit of {_hours(part.max_runtime)}")
+        if res.nodes > part.max_nodes:
+            report.errors.append(f"{where}.nodes: {res.nodes} nodes do not fit {part.name} "
+                                 f"(at most {part.max_nodes}; several nodes: standard-g)")
+        if part.gpus_per_node == 0 and res.gpus:
+            report.errors.append(f"{where}.gpus: {part.name} has no GPUs; use a -g partition")
+        elif part.gpus_per_node and not res.gpus:
+            report.errors.append(f"{where}.gpus: 0 on the GPU partition {part.name} (billed in "
+                                 "GPU hours); use small for CPU rules")
+        elif res.gpus > part.gpus_per_node:
+            report.errors.append(f"{where}.gpus: {res.gpus} per node, but a {part.name} node has "
+                                 f"{part.gpus_per_node} GCDs")
+        elif part.full_nodes and res.gpus != part.gpus_per_node:
+            report.errors.append(f"{where}.gpus: {part.name} allocates and bills whole nodes; ask "
+                                 f"for all {part.gpus_per_node} GCDs or use small-g")
+        if res.gpus and res.gpus * res.cpus_per_gpu > 56:
+            report.errors.append(f"{where}.cpus_per_gpu: {res.cpus_per_gpu} x {res.gpus} GCDs is "
+                                 "more than the 56 cores a LUMI-G node gives (7 per GCD)")
+
+
+def _hours(minutes: int) -> str:
+    days, rest = divmod(minutes, 24 * 60)
+    return f"{days}-{rest // 60:02d}:{rest % 60:02d}:00"
+
+
+# Config entries shared by several rules: evaluate covers evaluate_stage0..3.
+_RULES_PER_ENTRY = {"evaluate": 4}
+
+
+def gpu_hours(config: dict, cluster: Cluster, report: Report) -> None:
+    """GCDs x requested hours per GPU rule (an upper bound: jobs stop when done)."""
+    report.lines.append("GPU hours at the requested wall times (8 GCDs x 1 h = 8 GPU-h):")
+    total = 0.0
+    for key in config["resources"]:
+        res = RuleResources.from_config(config, key)
+        if not res.gpus:
+            continue
+        times = _RULES_PER_ENTRY.get(key, 1)
+        hours = times * res.gpu_hours()
+        total += hours
+        label = f"{key} x{times}" if times > 1 else key
+        report.lines.append(f"  {label:<16} {res.gpus * res.nodes:>4} GCDs x "
+                            f"{res.runtime / 60:>6.1f} h = {hours:>9.1f} GPU-h")
+    share = 100 * total / cluster.gpu_hour_budget if cluster.gpu_hour_budget else float("inf")
+    report.lines.append(f"  total {total:.1f} GPU-h of the {cluster.gpu_hour_budget:.0f} GPU-h "
+                        f"budget ({share:.1f} %)")
+    if total > cluster.gpu_hour_budget:
+        report.errors.append(f"cluster.gpu_hour_budget: the requested wall times need {total:.0f} "
+                             f"GPU-h, more than the budget of {cluster.gpu_hour_budget:.0f}")
+
+
+# --- training -----------------------------------------------------------------------------
+
+
+def check_wind(config: dict, model_set, train_inputs: dict[str, set[str]], report: Report) -> None:
+    """A distributed stage that scans by wind must read the cache file: computing the orders
+    in the first forward pass deadlocked DDP from 16 to 400 GPUs on LUMI."""
+    model = model_set.stage1.model
+    if not model.wind_scan:
+        return
+    for stage in (1, 2, 3):
+        rule = f"train_stage{stage}"
+        res = RuleResources.from_config(config, rule)
+        if res.world_size <= 1:
+            continue
+        if "wind_cache" not in train_inputs.get(rule, set()):
+            report.errors.append(f"{rule}: {res.world_size} ranks scan by wind but the rule does "
+                                 "not take the wind cache (results/wind/scan_orders.npz) as input")
+        if model.wind_allow_recompute:
+            report.errors.append(f"{rule}: wind_allow_recompute is set but the stage runs on "
+                                 f"{res.world_size} ranks; recomputing is for one process only")
+
+
+def check_memory(model_set, cluster: Cluster, report: Report, *, estimate=None) -> None:
+    """The stage-1 step estimate (fake tensors, ~10 s) against one GCD."""
+    try:
+        from vcloud.runtime.memory import estimate as run_estimate
+    except ImportError:  # torch is not on a LUMI login node
+        report.warnings.append("memory: not estimated (torch is not importable here); run "
+                               "`singularity exec <image> vcloud doctor` to check it")
+        return
+    result = estimate or run_estimate(model_set)
+    gb = result["cfdt_gb_configured"]
+    report.lines.append(f"stage-1 memory estimate: {gb:.1f} GB per GCD (limit "
+                        f"{cluster.gcd_memory_gb:.0f} GB)")
+    if gb > cluster.gcd_memory_gb:
+        report.errors.append(f"memory: the stage-1 step needs about {gb:.1f} GB, more than the "
+                             f"{cluster.gcd_memory_gb:.0f} GB of one GCD; turn on the memory "
+                             "optimisations or lower the batch size in the model config")
+
+
+# --- entry points -------------------------------------------------------------------------
+
+
+def preflight(config: dict, model_set, *, apptainer_args: str | None, precommand: str | None,
+              train_inputs: dict[str, set[str]], memory: bool) -> Report:
+    """Every check; the Snakefile calls this with the workflow's own settings."""
+    cluster = Cluster.from_config(config)
+    report = Report()
+    if cluster is None:
+        report.errors.append("cluster: no cluster section (use config/lumi.yaml)")
+        return report
+    if problem := cluster.account_problem():
+        report.errors.append(problem)
+    check_container(cluster, apptainer_args, precommand, report)
+    check_resources(config, cluster, report)
+    check_wind(config, model_set, train_inputs, report)
+    if memory:
+        check_memory(model_set, cluster, report)
+    gpu_hours(config, cluster, report)
+    return report
+
+
+def run(profile: Path, config_file: Path | None) -> Report:
+    """`vcloud doctor [--profile DIR] [--config FILE]`."""
+    from vcloud.config import load_model_config
+    from vcloud.runtime.profile import load_workflow_config, render, repo_paths
+
+    settings = _read_profile(profile)
+    files = [Path(f) for f in settings.get("configfiles", [])]
+    if config_file is not None:
+        files = [Path(config_file)]
+    if not files:
+        raise ConfigError(f"{profile}: no configfiles, and no --config given")
+    config = load_workflow_config(*files)
+    model_path = Path(config["model_config"])
+    if not model_path.is_absolute() and not model_path.exists():
+        model_path = repo_paths(files[0])[0].parent.parent / model_path
+    model_set = load_model_config(model_path)
+    wind = model_set.stage1.model.wind_scan
+    inputs = {f"train_stage{n}": ({"wind_cache"} if n >= 1 and wind else set()) for n in range(4)}
+    report = preflight(config, model_set, apptainer_args=settings.get("apptainer-args"),
+                       precommand=settings.get("precommand"), train_inputs=inputs, memory=True)
+    cluster = Cluster.from_config(config)
+    if cluster is not None:
+        text = (Path(profile) / "config.yaml").read_text()
+        if text != render(cluster, source=_profile_source(settings, files)):
+            report.errors.append(f"{profile}/config.yaml: stale, not generated from "
+                                 f"{files[-1]}; run `vcloud lumi-profile`")
+    return report
+
+
+def _profile_source(settings: dict, files: list[Path]) -> str:
+    named = settings.get("configfiles") or []
+    return named[-1] if named else str(files[-1])
+
+
+def _read_profile(profile: Path) -> dict:
+    path = Path(profile) / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"{profile}: no config.yaml (a snakemake profile folder)")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping")
+    return data
