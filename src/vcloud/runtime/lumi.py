@@ -167,12 +167,14 @@ class RuleResources:
 
 
 def slurm_resources(res: RuleResources, cluster: Cluster | None) -> dict:
-    """Keyword arguments for a rule's `resources:` (SLURM executor plugin names)."""
-    out: dict = {"runtime": res.runtime, "mem_mb": res.mem_mb}
-    if cluster is None:
-        return out  # local runs: threads and memory only
-    out["slurm_partition"] = res.partition
-    out["slurm_account"] = cluster.account
+    """Keyword arguments for a rule's `resources:` (SLURM executor plugin names).
+
+    Local runs ignore the slurm_* names; the account comes from the cluster section (without
+    one, the plugin takes the user's default account).
+    """
+    out: dict = {"runtime": res.runtime, "mem_mb": res.mem_mb, "slurm_partition": res.partition}
+    if cluster is not None:
+        out["slurm_account"] = cluster.account
     if res.gpus:
         out["gpu"] = res.gpus * res.nodes  # --gpus=N in total
         out["cpus_per_gpu"] = res.cpus_per_gpu
@@ -203,13 +205,14 @@ def launch_prefix(res: RuleResources, cluster: Cluster | None) -> str:
     return multinode_prefix(res, cluster)
 
 
-def multinode_prefix(res: RuleResources, cluster: Cluster) -> str:
+def multinode_prefix(res: RuleResources, cluster: Cluster, *, tasks_per_node: int | None = None) -> str:
     """srun + singularity exec for several nodes, run by the batch step on the host.
 
-    The SLURM jobstep strips SLURM_* (but SLURM_JOB_ID) before it runs this line, so the
-    node list comes from squeue, not $SLURM_NODELIST.
+    One task per GCD (tasks_per_node: CPU-only runs, e.g. the tests' 2-task gloo job). The
+    SLURM jobstep strips SLURM_* (but SLURM_JOB_ID) before it runs this line, so the node
+    list comes from squeue, not $SLURM_NODELIST.
     """
-    tasks = max(res.gpus, 1)
+    tasks = tasks_per_node or max(res.gpus, 1)
     geometry = [f"--nodes={res.nodes}", f"--ntasks-per-node={tasks}"]
     if res.gpus:
         masks = cluster.cpu_masks[:tasks]

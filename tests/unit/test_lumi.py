@@ -1,0 +1,209 @@
+"""LUMI execution: rule resources, launch lines, the generated profile, runtime environment."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vcloud.errors import ConfigError
+from vcloud.runtime import env as runtime_env
+from vcloud.runtime.lumi import (
+    LUMI_CPU_MASKS,
+    Cluster,
+    RuleResources,
+    launch_prefix,
+    multinode_prefix,
+    slurm_resources,
+    uses_container,
+)
+from vcloud.runtime.profile import load_workflow_config, render
+
+REPO = Path(__file__).resolve().parents[2]
+LUMI_YAML = REPO / "config" / "lumi.yaml"
+STAND_IN = REPO / "tests" / "lumi" / "bin"
+
+
+@pytest.fixture(scope="module")
+def lumi_config() -> dict:
+    config = load_workflow_config(LUMI_YAML)
+    config["cluster"]["account"] = "project_465000123"
+    return config
+
+
+@pytest.fixture(scope="module")
+def cluster(lumi_config) -> Cluster:
+    return Cluster.from_config(lumi_config)
+
+
+def multinode(lumi_config, nodes=2) -> RuleResources:
+    res = RuleResources.from_config(lumi_config, "train_stage1")
+    return dataclasses.replace(res, nodes=nodes, gpus=8, partition="standard-g")
+
+
+def test_default_config_has_no_cluster_and_runs_plain():
+    config = load_workflow_config(REPO / "config" / "config.yaml")
+    assert Cluster.from_config(config) is None
+    res = RuleResources.from_config(config, "train_stage1")
+    out = slurm_resources(res, None)
+    assert out == {"runtime": res.runtime, "mem_mb": res.mem_mb, "slurm_partition": "small",
+                   "cpus_per_task": res.threads}
+    assert launch_prefix(res, None) == ""
+    assert not uses_container(res, None)
+
+
+def test_gpu_rule_resources_on_lumi(lumi_config, cluster):
+    out = slurm_resources(RuleResources.from_config(lumi_config, "train_stage0"), cluster)
+    assert out["slurm_partition"] == "small-g"
+    assert out["slurm_account"] == "project_465000123"
+    assert out["gpu"] == 1 and out["cpus_per_gpu"] == 7
+    assert "cpus_per_task" not in out and "mpi" not in out and "nodes" not in out
+    cpu = slurm_resources(RuleResources.from_config(lumi_config, "prepare_roi"), cluster)
+    assert cpu["slurm_partition"] == "small" and cpu["cpus_per_task"] == 4 and "gpu" not in cpu
+
+
+def test_multinode_resources_ask_for_every_gcd(lumi_config, cluster):
+    out = slurm_resources(multinode(lumi_config), cluster)
+    assert out["nodes"] == 2 and out["gpu"] == 16 and out["tasks_per_node"] == 8
+    assert out["mpi"] == "srun"  # the batch step runs the rule's shell: it calls srun itself
+    assert not uses_container(multinode(lumi_config), cluster)
+
+
+def test_one_node_several_gcds_uses_torchrun_standalone(lumi_config, cluster):
+    res = dataclasses.replace(RuleResources.from_config(lumi_config, "train_stage1"), gpus=8)
+    prefix = launch_prefix(res, cluster)
+    assert prefix == "torchrun --standalone --nnodes=1 --nproc-per-node=8 --no-python"
+    assert launch_prefix(dataclasses.replace(res, gpus=1), cluster) == ""
+    assert uses_container(res, cluster)
+
+
+def test_multinode_line_geometry_masks_binds_image(lumi_config, cluster):
+    line = launch_prefix(multinode(lumi_config), cluster)
+    srun = line.split("; ")[-1]
+    assert srun.startswith("srun --nodes=2 --ntasks-per-node=8 --gpus-per-node=8 ")
+    # Seed 003: GCD 0 next to cores 49-55 (fe000000000000), GCD 1 next to 57-63, ...
+    assert f"--cpu-bind=mask_cpu:{','.join(LUMI_CPU_MASKS)}" in srun
+    assert LUMI_CPU_MASKS[:2] == ("0xfe000000000000", "0xfe00000000000000")
+    for path in ("/opt/cray/libfabric", "/scratch/project_465000123",
+                 "/projappl/project_465000123", "/flash/project_465000123"):
+        assert f"-B {path}" in srun
+    assert "--rocm" not in line
+    assert srun.endswith("singularity exec " + cluster.apptainer_args() + " " + cluster.image)
+    assert cluster.image == "/projappl/project_465000123/vcloud/vcloud.sif"
+    assert "SINGULARITY_CONTAINLIBS=/usr/lib64/libcxi.so.1,/opt/rocm/lib/librocm_smi64.so.7" in line
+
+
+def test_multinode_without_cluster_is_refused(lumi_config):
+    with pytest.raises(ConfigError, match="resources.train_stage1.nodes"):
+        launch_prefix(multinode(lumi_config), None)
+
+
+def _stub(folder: Path, name: str, body: str) -> None:
+    path = folder / name
+    path.write_text("#!/usr/bin/env bash\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+def test_multinode_line_runs_master_from_squeue_not_nodelist(tmp_path, lumi_config, cluster):
+    """The jobstep strips SLURM_NODELIST; the line must find rank 0's host from the job id."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _stub(bin_dir, "squeue", 'echo "nid[005001-005002]"\n')
+    _stub(bin_dir, "scontrol", '[[ "$1 $2" == "show hostnames" ]] && '
+                               'printf "%s\\n" nid005001 nid005002\n')
+    # srun: drop its options, run the rest once (one task is enough to see the wiring).
+    _stub(bin_dir, "srun", 'while [[ "$1" == --* ]]; do echo "$1" >> "$SRUN_LOG"; shift; done\n'
+                           'exec "$@"\n')
+    image = tmp_path / "image.sif"
+    image.write_text("")
+    cl = dataclasses.replace(cluster, image=str(image))
+    line = multinode_prefix(multinode(lumi_config), cl)
+    environ = {"PATH": f"{bin_dir}:{STAND_IN}:{os.environ['PATH']}", "SLURM_JOB_ID": "1234567",
+               "SRUN_LOG": str(tmp_path / "srun.log"),
+               "VCLOUD_APPTAINER_LOG": str(tmp_path / "apptainer.jsonl")}
+    out = subprocess.run(["bash", "-c", line + ' bash -c \'echo "$MASTER_ADDR:$MASTER_PORT"\''],
+                         env=environ, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "nid005001:30067"  # 29500 + 1234567 % 1000
+    calls = [json.loads(x) for x in (tmp_path / "apptainer.jsonl").read_text().splitlines()]
+    assert calls[0]["argv"][0] == "exec" and str(image) in calls[0]["argv"]
+    assert calls[0]["containlibs"] == ",".join(cluster.containlibs)
+    assert "--nodes=2" in (tmp_path / "srun.log").read_text()
+
+
+def test_profile_is_generated_from_config_and_committed_copy_is_current(cluster):
+    committed = (REPO / "profiles" / "lumi" / "config.yaml").read_text()
+    shipped = Cluster.from_config(load_workflow_config(LUMI_YAML))
+    assert committed == render(shipped), "profiles/lumi is stale: run `vcloud lumi-profile`"
+    text = render(cluster)
+    assert "executor: slurm" in text and "software-deployment-method: apptainer" in text
+    assert "slurm-requeue: true" in text and "--rocm" not in text
+    assert cluster.apptainer_args() in text and "SINGULARITY_CONTAINLIBS=" in text
+    # `snakemake --profile lumi` from the repository root finds ./lumi.
+    assert (REPO / "lumi").resolve() == (REPO / "profiles" / "lumi").resolve()
+
+
+def test_stale_profile_check_fails(tmp_path):
+    out = tmp_path / "config.yaml"
+    out.write_text("executor: slurm\n")
+    with pytest.raises(ConfigError, match="stale"):
+        from vcloud.runtime.profile import write_profile
+
+        write_profile(LUMI_YAML, out, check=True)
+
+
+def test_pylibs_alternative_goes_on_pythonpath_and_path(cluster):
+    cl = dataclasses.replace(cluster, pylibs="/projappl/project_465000123/pylibs")
+    env = cl.container_env()
+    assert env["SINGULARITYENV_PYTHONPATH"] == "/projappl/project_465000123/pylibs"
+    assert env["SINGULARITYENV_PREPEND_PATH"] == "/projappl/project_465000123/pylibs/bin"
+
+
+@pytest.mark.parametrize("account,ok", [("project_465XXXXXX", False), ("project_465000123", True),
+                                        ("465000123", False), ("<your project>", False)])
+def test_account_placeholder(cluster, account, ok):
+    problem = dataclasses.replace(cluster, account=account).account_problem()
+    assert (problem is None) == ok
+    if not ok:
+        assert "cluster.account" in problem
+
+
+def test_runtime_env_expands_node_and_user(tmp_path, monkeypatch):
+    environ = {"SLURM_NODEID": "3"}
+    cache = tmp_path / "{user}-miopen-{node}"
+    done = runtime_env.apply({"MIOPEN_USER_DB_PATH": str(cache), "WANDB_MODE": "disabled"}, environ)
+    user = runtime_env.expand("{user}", environ)
+    assert environ["MIOPEN_USER_DB_PATH"] == str(tmp_path / f"{user}-miopen-3") == done["MIOPEN_USER_DB_PATH"]
+    assert Path(environ["MIOPEN_USER_DB_PATH"]).is_dir()
+    assert environ["WANDB_MODE"] == "disabled"
+
+
+def test_runtime_env_pairs_are_checked():
+    assert runtime_env.parse_pairs(["A=1", "B=x=y"]) == {"A": "1", "B": "x=y"}
+    for bad in ("NOEQUALS", "=1", "1A=2", "A B=1"):
+        with pytest.raises(ConfigError, match="--env"):
+            runtime_env.parse_pairs([bad])
+
+
+def test_train_sets_env_before_torch_is_imported(tmp_path):
+    """PYTORCH_HIP_ALLOC_CONF is read once by the allocator: it must be set before torch."""
+    code = (
+        "import sys, os\n"
+        "import vcloud.runtime.env as e\n"
+        "orig = e.apply\n"
+        "def spy(settings, *a, **k):\n"
+        "    print('torch imported before env:', 'torch' in sys.modules)\n"
+        "    return orig(settings, *a, **k)\n"
+        "e.apply = spy\n"
+        "from vcloud.cli import main\n"
+        "sys.exit(main(['train', '--stage', '0', '--config', 'missing.yaml', '--train', 'x',"
+        " '--val', 'y', '--out', 'z', '--env', 'PYTORCH_HIP_ALLOC_CONF=expandable_segments:True']))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert "torch imported before env: False" in out.stdout
+    assert out.returncode == 2 and "missing.yaml" in out.stderr
