@@ -46,6 +46,7 @@ NEEDED_BINARIES=(munged munge unmunge mysqld_safe mysqladmin mysql slurmctld slu
 TIMEOUT=${CLUSTER_UP_TIMEOUT:-60} # seconds to wait for each daemon
 DAEMON_PATH=/usr/sbin:/usr/bin:/sbin:/bin
 
+ROOT_ACCOUNTS="" # root's accounts per sacctmgr, set by slurmdbd_ok
 STARTED=0 # set to 1 when this run (re)started anything -> run the full job check
 
 # ---------------------------------------------------------------------------- helpers
@@ -71,18 +72,26 @@ wait_until() {
     done
 }
 
-# Start a daemon fully detached from us (new session, stdio not ours) with a clean
-# environment. `setsid -w` waits for the foreground process, i.e. until a
-# self-daemonizing program has forked, so a config error that makes it exit at
-# once shows in the exit status. Its early output goes to $LOG_DIR/NAME.start.log,
+# Start a daemon fully detached from us: new session, clean environment, stdin
+# from /dev/null, and no file descriptor of ours (our lock on fd 9, or a pipe of
+# whoever called us): a daemon holding one would keep the lock taken or the
+# caller's pipe open for its whole life (a capturing caller would never see EOF).
+# Early output (before the daemon opens its own log) goes to $LOG_DIR/NAME.start.log,
 # not to the daemon's own log: a log file created here would belong to root, and
-# daemons that drop privileges (munged, slurmctld, slurmdbd) then refuse or fail to
-# write it.
+# daemons that drop privileges (munged, slurmdbd, slurmctld) refuse or fail to write it.
+# MODE -w: wait until a self-daemonizing program has forked, so a config error that
+# makes it exit at once shows in our exit status; -f: fork off a foreground program.
 launch() {
-    local name=$1
-    shift
-    env -i PATH="$DAEMON_PATH" LANG=C.UTF-8 HOME=/root setsid -w "$@" \
-        </dev/null >>"$LOG_DIR/$name.start.log" 2>&1
+    local name=$1 mode=$2 fd
+    shift 2
+    (
+        for fd in /proc/$BASHPID/fd/*; do
+            fd=${fd##*/}
+            if ((fd > 2)); then eval "exec $fd>&-"; fi
+        done
+        exec env -i PATH="$DAEMON_PATH" LANG=C.UTF-8 HOME=/root setsid "$mode" "$@" \
+            </dev/null >>"$LOG_DIR/$name.start.log" 2>&1
+    )
 }
 
 # fail_start NAME LOG: one line saying NAME did not start, where to look, and the
@@ -107,18 +116,28 @@ daemon_pid() {
     pgrep -o -x "$name"
 }
 
-# stop_daemon NAME PIDFILE: SIGTERM, wait, then SIGKILL; only that daemon's pids.
+# stop_daemon NAME:PIDFILE...: SIGTERM to each, wait for all (they take ~2 s each,
+# so together), SIGKILL a daemon that ignores it for 30 s. Only those daemons' pids.
 stop_daemon() {
-    local name=$1 pidfile=$2 pid
-    while pid=$(daemon_pid "$name" "$pidfile"); do
-        kill -TERM "$pid" 2>/dev/null || true
-        if ! wait_until 30 bash -c "! kill -0 $pid 2>/dev/null"; then
-            say "$name (pid $pid) ignored SIGTERM for 30 s, killing it"
-            kill -KILL "$pid" 2>/dev/null || true
-            wait_until 5 bash -c "! kill -0 $pid 2>/dev/null" || die "could not stop $name (pid $pid)"
-        fi
+    local spec pid pids=() left
+    for spec in "$@"; do
+        while pid=$(daemon_pid "${spec%%:*}" "${spec#*:}"); do
+            [[ " ${pids[*]} " == *" $pid "* ]] && break # already signalled, still exiting
+            kill -TERM "$pid" 2>/dev/null || true
+            pids+=("$pid")
+        done
     done
-    rm -f "$pidfile"
+    if ((${#pids[@]})) && ! wait_until 30 all_gone "${pids[@]}"; then
+        left=$(for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && echo -n "$pid "; done)
+        say "pids $left ignored SIGTERM for 30 s, killing them"
+        kill -KILL $left 2>/dev/null || true
+        wait_until 5 all_gone $left || die "could not stop pids $left"
+    fi
+    for spec in "$@"; do rm -f "${spec#*:}"; done
+}
+all_gone() {
+    local pid
+    for pid; do ! kill -0 "$pid" 2>/dev/null || return 1; done
 }
 
 # A daemon records the hash of the config files it was started with; a running
@@ -173,7 +192,7 @@ install_packages() {
     fi
     local rc=0
     {
-        apt-get update -q &&
+        apt-get update -q -o DPkg::Lock::Timeout=300 &&
             DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
                 -o DPkg::Lock::Timeout=300 "${PACKAGES[@]}"
     } >"$log" 2>&1 || rc=$?
@@ -229,6 +248,8 @@ SlurmctldHost=$HOST(127.0.0.1)
 SlurmUser=slurm
 AuthType=auth/munge
 MpiDefault=none
+# No mail system here; the default (/bin/mail, absent) only logs an error.
+MailProg=/bin/true
 # No usable cgroups in this sandbox: track job processes through /proc, no CPU binding.
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -329,9 +350,9 @@ start_munge() {
     fi
     chown munge:munge /etc/munge/munge.key
     chmod 400 /etc/munge/munge.key
-    stop_daemon munged /run/munge/munged.pid # a hung one
+    stop_daemon munged:/run/munge/munged.pid # a hung one
     say "starting munged"
-    launch munged runuser -u munge -- munged ||
+    launch munged -w runuser -u munge -- munged ||
         fail_start munged /var/log/munge/munged.log
     wait_until "$TIMEOUT" munge_ok || fail_start munged /var/log/munge/munged.log
     STARTED=1
@@ -353,9 +374,8 @@ start_mariadb() {
             die "mariadb-install-db failed, see $LOG_DIR/mariadb.log"
     fi
     say "starting mariadb"
-    # mysqld_safe stays in the foreground: -f forks it off instead of waiting.
-    env -i PATH="$DAEMON_PATH" LANG=C.UTF-8 HOME=/root setsid -f mysqld_safe --skip-syslog \
-        --log-error="$LOG_DIR/mariadb.log" </dev/null >>"$LOG_DIR/mariadb.start.log" 2>&1
+    # mysqld_safe stays in the foreground: fork it off instead of waiting.
+    launch mariadb -f mysqld_safe --skip-syslog --log-error="$LOG_DIR/mariadb.log"
     wait_until "$TIMEOUT" mariadb_ok || fail_start mariadb "$LOG_DIR/mariadb.log"
     write_stamp mariadb "$MARIADB_HASH"
     STARTED=1
@@ -371,17 +391,21 @@ FLUSH PRIVILEGES;
 EOF
 }
 
-slurmdbd_ok() { timeout 10 sacctmgr -n list cluster >/dev/null 2>&1; }
+# Each sacctmgr call costs ~0.35 s (slurm's RPCs on loopback meet TCP delayed ACKs),
+# so the liveness probe is also the query ensure_accounting needs: root's accounts.
+slurmdbd_ok() {
+    ROOT_ACCOUNTS=$(timeout 10 sacctmgr -n -P list assoc cluster="$CLUSTER" user=root format=account 2>/dev/null)
+}
 
 start_slurmdbd() {
     local pid=""
     pid=$(daemon_pid slurmdbd "$RUN_DIR/slurmdbd.pid") || true
     if [[ -n $pid ]] && stamp_ok slurmdbd "$DBD_HASH" && slurmdbd_ok; then return 0; fi
     [[ -z $pid ]] || say "restarting slurmdbd (config changed or not answering)"
-    stop_daemon slurmdbd "$RUN_DIR/slurmdbd.pid"
+    stop_daemon "slurmdbd:$RUN_DIR/slurmdbd.pid"
     setup_database
     say "starting slurmdbd"
-    launch slurmdbd slurmdbd ||
+    launch slurmdbd -w slurmdbd ||
         fail_start slurmdbd "$LOG_DIR/slurmdbd.log"
     wait_until "$TIMEOUT" slurmdbd_ok || fail_start slurmdbd "$LOG_DIR/slurmdbd.log"
     write_stamp slurmdbd "$DBD_HASH"
@@ -390,7 +414,9 @@ start_slurmdbd() {
 
 # Cluster, accounts and root's associations in the accounting database.
 ensure_accounting() {
-    local list a
+    local list a missing=0
+    for a in "${ACCOUNTS[@]}"; do grep -qx "$a" <<<"$ROOT_ACCOUNTS" || missing=1; done
+    ((missing)) || return 0 # the usual case: all there
     list=$(sacctmgr -n -P list cluster format=cluster)
     if ! grep -qx "$CLUSTER" <<<"$list"; then
         sacctmgr -i add cluster "$CLUSTER" >/dev/null || die "sacctmgr could not add cluster $CLUSTER"
@@ -402,12 +428,15 @@ ensure_accounting() {
                 die "sacctmgr could not add account $a"
         fi
     done
-    list=$(sacctmgr -n -P list assoc cluster="$CLUSTER" user=root format=account)
     for a in "${ACCOUNTS[@]}"; do
-        if ! grep -qx "$a" <<<"$list"; then
+        if ! grep -qx "$a" <<<"$ROOT_ACCOUNTS"; then
             sacctmgr -i add user root account="$a" cluster="$CLUSTER" >/dev/null ||
                 die "sacctmgr could not associate root with account $a"
         fi
+    done
+    slurmdbd_ok || die "slurmdbd stopped answering, see $LOG_DIR/slurmdbd.log"
+    for a in "${ACCOUNTS[@]}"; do
+        grep -qx "$a" <<<"$ROOT_ACCOUNTS" || die "root is still not in account $a, see $LOG_DIR/slurmdbd.log"
     done
 }
 
@@ -418,9 +447,9 @@ start_slurmctld() {
     pid=$(daemon_pid slurmctld "$RUN_DIR/slurmctld.pid") || true
     if [[ -n $pid ]] && stamp_ok slurmctld "$SLURM_HASH" && slurmctld_ok; then return 0; fi
     [[ -z $pid ]] || say "restarting slurmctld (config changed or not answering)"
-    stop_daemon slurmctld "$RUN_DIR/slurmctld.pid"
+    stop_daemon "slurmctld:$RUN_DIR/slurmctld.pid"
     say "starting slurmctld"
-    launch slurmctld slurmctld ||
+    launch slurmctld -w slurmctld ||
         fail_start slurmctld "$LOG_DIR/slurmctld.log"
     wait_until "$TIMEOUT" slurmctld_ok || fail_start slurmctld "$LOG_DIR/slurmctld.log"
     write_stamp slurmctld "$SLURM_HASH"
@@ -432,9 +461,9 @@ start_slurmd() {
     pid=$(daemon_pid slurmd "$RUN_DIR/slurmd.pid") || true
     if [[ -n $pid ]] && stamp_ok slurmd "$SLURM_HASH"; then return 0; fi
     [[ -z $pid ]] || say "restarting slurmd (config changed)"
-    stop_daemon slurmd "$RUN_DIR/slurmd.pid"
+    stop_daemon "slurmd:$RUN_DIR/slurmd.pid"
     say "starting slurmd"
-    launch slurmd slurmd || fail_start slurmd "$LOG_DIR/slurmd.log"
+    launch slurmd -w slurmd || fail_start slurmd "$LOG_DIR/slurmd.log"
     write_stamp slurmd "$SLURM_HASH"
     STARTED=1
 }
@@ -472,7 +501,7 @@ quick_check() {
     HOST=${HOST:-$(hostname -s)}
     munge_ok || die "munged is not running (run $0 to start it)"
     slurmctld_ok || die "slurmctld is not answering, see $LOG_DIR/slurmctld.log"
-    slurmdbd_ok || die "slurmdbd is not answering, see $LOG_DIR/slurmdbd.log"
+    [[ -n ${ROOT_ACCOUNTS:-} ]] || slurmdbd_ok || die "slurmdbd is not answering, see $LOG_DIR/slurmdbd.log"
     local p line
     for p in "${PARTITIONS[@]}"; do
         line=$(sinfo -h -p "$p" -o '%R %a %t' 2>/dev/null | head -n1)
@@ -547,14 +576,15 @@ cmd_check() {
 }
 
 cmd_down() {
-    # Reverse start order; each stop is a no-op when the daemon is not running.
-    stop_daemon slurmd "$RUN_DIR/slurmd.pid"
-    stop_daemon slurmctld "$RUN_DIR/slurmctld.pid"
-    stop_daemon slurmdbd "$RUN_DIR/slurmdbd.pid"
-    if mariadb_ok; then mysqladmin shutdown || true; fi
-    wait_until 30 bash -c '! pgrep -x mariadbd >/dev/null && ! pgrep -x mysqld >/dev/null && ! pgrep -x mysqld_safe >/dev/null' ||
+    # Reverse start order; stopping what is not running is a no-op. slurmctld
+    # flushes accounting to slurmdbd on exit, which needs mariadb and munge.
+    stop_daemon "slurmd:$RUN_DIR/slurmd.pid" "slurmctld:$RUN_DIR/slurmctld.pid"
+    stop_daemon "slurmdbd:$RUN_DIR/slurmdbd.pid"
+    if mariadb_ok; then mysqladmin shutdown >/dev/null 2>&1 & fi # waits for the server to exit
+    stop_daemon munged:/run/munge/munged.pid
+    wait
+    wait_until 30 bash -c '! pgrep -x mariadbd && ! pgrep -x mysqld && ! pgrep -x mysqld_safe' >/dev/null ||
         die "mariadb did not stop, see $LOG_DIR/mariadb.log"
-    stop_daemon munged /run/munge/munged.pid
     rm -f "$RUN_DIR"/*.conf-sha
     say "OK: all daemons stopped"
 }
