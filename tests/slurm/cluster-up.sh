@@ -3,7 +3,7 @@
 #
 #   cluster-up.sh            install (first time), configure, start, verify; exit 0 when up.
 #                            Idempotent: when everything is already up it only re-checks
-#                            (about a second) and exits 0.
+#                            (~0.3 s, no jobs) and exits 0.
 #   cluster-up.sh --check    verify a running cluster with real jobs (srun, sbatch + sacct).
 #   cluster-up.sh --down     stop every daemon this script starts (slurmd, slurmctld,
 #                            slurmdbd, mariadb, munged).
@@ -44,6 +44,13 @@ NEEDED_BINARIES=(munged munge unmunge mysqld_safe mysqladmin mysql slurmctld slu
     sinfo srun sbatch sacct sacctmgr scontrol pgrep)
 
 TIMEOUT=${CLUSTER_UP_TIMEOUT:-60} # seconds to wait for each daemon
+# Optional: advertise a bigger node than the machine (e.g. CLUSTER_UP_CPUS=16
+# CLUSTER_UP_MEM_MB=65536) so LUMI-sized requests can run instead of pending forever
+# with reason PartitionConfig. Nothing is enforced (no cgroups), so tiny test jobs are
+# fine. Every caller must pass the same values: a change rewrites slurm.conf and
+# restarts slurmctld and slurmd.
+FAKE_CPUS=${CLUSTER_UP_CPUS:-}
+FAKE_MEM_MB=${CLUSTER_UP_MEM_MB:-}
 DAEMON_PATH=/usr/sbin:/usr/bin:/sbin:/bin
 
 ROOT_ACCOUNTS="" # root's accounts per sacctmgr, set by slurmdbd_ok
@@ -102,18 +109,34 @@ fail_start() {
     die "$name did not start, see $log${last:+ (last output: $last)}"
 }
 
+# alive PID: the process exists and is not a zombie. PID 1 here (no real init) is
+# slow to reap orphans, so a killed daemon can linger as a zombie: kill -0 and
+# pgrep still see it, and it must not count as running.
+alive() {
+    local stat
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    stat=${stat##*) } # the state letter follows "(comm) "
+    [[ ${stat:0:1} != [ZX] ]]
+}
+
 # The pid of a running daemon: from its pid file if that names a live process of
-# that name, else the oldest process with exactly that name (pgrep -o -x).
+# that name, else the oldest live process with exactly that name.
 daemon_pid() {
     local name=$1 pidfile=$2 pid=""
     if [[ -s $pidfile ]]; then
         pid=$(<"$pidfile")
-        if [[ $pid =~ ^[0-9]+$ && -r /proc/$pid/comm && $(<"/proc/$pid/comm") == "$name" ]]; then
+        if [[ $pid =~ ^[0-9]+$ ]] && alive "$pid" && [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$name" ]]; then
             echo "$pid"
             return 0
         fi
     fi
-    pgrep -o -x "$name"
+    for pid in $(pgrep -x "$name"); do
+        if alive "$pid"; then
+            echo "$pid"
+            return 0
+        fi
+    done
+    return 1
 }
 
 # stop_daemon NAME:PIDFILE...: SIGTERM to each, wait for all (they take ~2 s each,
@@ -124,11 +147,12 @@ stop_daemon() {
         while pid=$(daemon_pid "${spec%%:*}" "${spec#*:}"); do
             [[ " ${pids[*]} " == *" $pid "* ]] && break # already signalled, still exiting
             kill -TERM "$pid" 2>/dev/null || true
+            kill -CONT "$pid" 2>/dev/null || true # a stopped (SIGSTOP) one handles TERM only once continued
             pids+=("$pid")
         done
     done
     if ((${#pids[@]})) && ! wait_until 30 all_gone "${pids[@]}"; then
-        left=$(for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && echo -n "$pid "; done)
+        left=$(for pid in "${pids[@]}"; do alive "$pid" && echo -n "$pid "; done)
         say "pids $left ignored SIGTERM for 30 s, killing them"
         kill -KILL $left 2>/dev/null || true
         wait_until 5 all_gone $left || die "could not stop pids $left"
@@ -137,7 +161,7 @@ stop_daemon() {
 }
 all_gone() {
     local pid
-    for pid; do ! kill -0 "$pid" 2>/dev/null || return 1; done
+    for pid; do ! alive "$pid" || return 1; done
 }
 
 # A daemon records the hash of the config files it was started with; a running
@@ -231,13 +255,23 @@ node_hardware() {
     # slurmd reports less memory than configured would be drained.
     local spare=$((mem / 20 > 512 ? mem / 20 : 512))
     mem=$(((mem - spare) / 256 * 256))
-    echo "CPUs=$cpus Sockets=$sockets CoresPerSocket=$cores ThreadsPerCore=$threads RealMemory=$mem"
+    if [[ -n $FAKE_CPUS || -n $FAKE_MEM_MB ]]; then
+        [[ ${FAKE_CPUS:-1} =~ ^[1-9][0-9]*$ && ${FAKE_MEM_MB:-1} =~ ^[1-9][0-9]*$ ]] ||
+            die "CLUSTER_UP_CPUS / CLUSTER_UP_MEM_MB must be positive integers"
+        echo "CPUs=${FAKE_CPUS:-$cpus} RealMemory=${FAKE_MEM_MB:-$mem}"
+    else
+        echo "CPUs=$cpus Sockets=$sockets CoresPerSocket=$cores ThreadsPerCore=$threads RealMemory=$mem"
+    fi
 }
 
 write_configs() {
     HOST=$(hostname -s)
-    local hw
+    local hw overrides=""
     hw=$(node_hardware) || exit 1
+    if [[ -n $FAKE_CPUS || -n $FAKE_MEM_MB ]]; then
+        overrides="# CLUSTER_UP_CPUS/MEM_MB: trust the node line, not the hardware slurmd detects.
+SlurmdParameters=config_overrides"
+    fi
 
     install_file "$CONF_DIR/slurm.conf" 644 root:root <<EOF
 # Written by tests/slurm/cluster-up.sh (vcloud): a single-node test cluster shaped
@@ -255,6 +289,7 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 # A node that was down (slurmd stopped) becomes usable again as soon as slurmd registers.
 ReturnToService=2
+$overrides
 
 SlurmctldPidFile=$RUN_DIR/slurmctld.pid
 SlurmdPidFile=$RUN_DIR/slurmd.pid
@@ -359,13 +394,16 @@ start_munge() {
 }
 
 mariadb_ok() { mysqladmin --connect-timeout=2 ping >/dev/null 2>&1; }
+mariadb_gone() {
+    ! daemon_pid mariadbd /run/mysqld/mysqld.pid >/dev/null && ! daemon_pid mysqld_safe /dev/null >/dev/null
+}
 
 start_mariadb() {
     if mariadb_ok && stamp_ok mariadb "$MARIADB_HASH"; then return 0; fi
     if mariadb_ok; then
         say "restarting mariadb (config changed)"
         mysqladmin shutdown || true
-        wait_until "$TIMEOUT" bash -c '! pgrep -x mariadbd >/dev/null && ! pgrep -x mysqld >/dev/null' ||
+        wait_until "$TIMEOUT" mariadb_gone ||
             die "mariadb did not stop"
     fi
     if [[ ! -d /var/lib/mysql/mysql ]]; then
@@ -456,21 +494,32 @@ start_slurmctld() {
     STARTED=1
 }
 
+# slurmd has (re)registered with slurmctld since $1 (scontrol's time format).
+slurmd_registered() {
+    local since=$1 started
+    started=$(scontrol show node "$HOST" 2>/dev/null | sed -n 's/.*SlurmdStartTime=\([^ ]*\).*/\1/p')
+    [[ -n $started && ! $started < $since ]]
+}
+
 start_slurmd() {
-    local pid=""
+    local pid="" since
     pid=$(daemon_pid slurmd "$RUN_DIR/slurmd.pid") || true
     if [[ -n $pid ]] && stamp_ok slurmd "$SLURM_HASH"; then return 0; fi
     [[ -z $pid ]] || say "restarting slurmd (config changed)"
     stop_daemon "slurmd:$RUN_DIR/slurmd.pid"
     say "starting slurmd"
+    since=$(date +%Y-%m-%dT%H:%M:%S)
     launch slurmd -w slurmd || fail_start slurmd "$LOG_DIR/slurmd.log"
+    # Until it registers, slurmctld may still show the node idle from before;
+    # stop waiting early if slurmd dies (e.g. a fatal config error).
+    wait_until "$TIMEOUT" eval 'slurmd_registered "$since" || ! daemon_pid slurmd "$RUN_DIR/slurmd.pid" >/dev/null'
+    slurmd_registered "$since" || fail_start slurmd "$LOG_DIR/slurmd.log"
     write_stamp slurmd "$SLURM_HASH"
     STARTED=1
 }
 
 # Compact node state as sinfo prints it (%t): idle, mix, alloc, drain, down*, ...
 node_state() { sinfo -h -N -n "$HOST" -o %t 2>/dev/null | head -n1; }
-node_usable() { [[ $(node_state) =~ ^(idle|mix|alloc|comp)$ ]]; }
 
 # Wait for the node to be usable; resume it when drained or down (e.g. by an
 # earlier attempt with another config, or slurmd restarts). "*" = not responding yet.
@@ -480,7 +529,9 @@ wait_node() {
         state=$(node_state)
         case $state in
         idle | mix | alloc | comp) return 0 ;;
-        *'*') ;; # slurmd has not registered (yet)
+        *'*') # slurmd has not registered (yet)
+            daemon_pid slurmd "$RUN_DIR/slurmd.pid" >/dev/null || fail_start slurmd "$LOG_DIR/slurmd.log"
+            ;;
         drain* | drng* | down* | fail* | maint*)
             if ((SECONDS >= resumed)); then
                 say "node $HOST is $state ($(sinfo -h -N -n "$HOST" -o %E | head -n1)), resuming it"
@@ -501,6 +552,7 @@ quick_check() {
     HOST=${HOST:-$(hostname -s)}
     munge_ok || die "munged is not running (run $0 to start it)"
     slurmctld_ok || die "slurmctld is not answering, see $LOG_DIR/slurmctld.log"
+    daemon_pid slurmd "$RUN_DIR/slurmd.pid" >/dev/null || die "slurmd is not running, see $LOG_DIR/slurmd.log"
     [[ -n ${ROOT_ACCOUNTS:-} ]] || slurmdbd_ok || die "slurmdbd is not answering, see $LOG_DIR/slurmdbd.log"
     local p line
     for p in "${PARTITIONS[@]}"; do
@@ -583,7 +635,7 @@ cmd_down() {
     if mariadb_ok; then mysqladmin shutdown >/dev/null 2>&1 & fi # waits for the server to exit
     stop_daemon munged:/run/munge/munged.pid
     wait
-    wait_until 30 bash -c '! pgrep -x mariadbd && ! pgrep -x mysqld && ! pgrep -x mysqld_safe' >/dev/null ||
+    wait_until 30 mariadb_gone ||
         die "mariadb did not stop, see $LOG_DIR/mariadb.log"
     rm -f "$RUN_DIR"/*.conf-sha
     say "OK: all daemons stopped"

@@ -75,6 +75,7 @@ def render(cluster: Cluster, *, source: str = "config/lumi.yaml") -> str:
         "printshellcmds": True,
         "show-failed-logs": True,
         "slurm-logdir": "logs/slurm",
+        "slurm-keep-successful-logs": True,  # rank placement and rocm-smi output stay readable
         "software-deployment-method": "apptainer",
         "apptainer-args": cluster.apptainer_args(),
         # Runs in each job before its snakemake, on the host: apptainer reads these.

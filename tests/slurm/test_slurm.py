@@ -1,0 +1,193 @@
+"""Against a real SLURM (Debian slurm-wlm, one node, partitions named as on LUMI).
+
+tests/slurm/cluster-up.sh brings the cluster up (installing it with apt when needed); where
+that is impossible (no root, no apt-get) it exits 77 and these tests skip with its reason.
+CI runs them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.lumi.helpers import (
+    REPO,
+    STAND_IN,
+    TEST_ACCOUNT,
+    binds_of,
+    exec_calls,
+    stand_in_env,
+    write_overlay,
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+FAST = ["--slurm-init-seconds-before-status-checks", "5", "--seconds-between-status-checks", "3"]
+
+# The default pipeline on tiny models, each rule on the partition LUMI would use; GPU rules ask
+# for the node's one (fake) GPU and one core per GPU (the node has two cores).
+GPU = {"partition": "small-g", "gpus": 1, "cpus_per_gpu": 1, "threads": 1, "mem_mb": 1500}
+SLURM_CONFIG = {
+    "data": {"patch_size": 32},
+    "synthetic": {"patches": 2},
+    "model_config": str(REPO / "tests/workflow/tiny_models.yaml"),
+    "resources": {
+        "synth_raw": {"runtime": 10, "mem_mb": 1000, "threads": 1, "partition": "small"},
+        "prepare_roi": {"runtime": 20, "mem_mb": 1500, "threads": 1, "partition": "small"},
+        "assemble_split": {"runtime": 15, "mem_mb": 1000, "threads": 1, "partition": "small"},
+        "wind_cache": {"runtime": 10, "mem_mb": 1000, "threads": 1, "partition": "small"},
+        "train_stage0": {"runtime": 30, **GPU},
+        "train_stage1": {"runtime": 31, **GPU},
+        "train_stage2": {"runtime": 32, **GPU},
+        "train_stage3": {"runtime": 33, **GPU},
+        "evaluate": {"runtime": 25, **dict(GPU, partition="dev-g")},
+    },
+}
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    script = REPO / "tests" / "slurm" / "cluster-up.sh"
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=1200)
+    lines = (proc.stdout + proc.stderr).strip().splitlines() or ["(no output)"]
+    if proc.returncode == 77:
+        pytest.skip(f"no SLURM here: {lines[-1]}")
+    assert proc.returncode == 0, "\n".join(lines[-30:])
+    return True
+
+
+def sacct(job_id: str) -> dict[str, str]:
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o",
+                          "State,Partition,Timelimit,AllocTRES,Account,NNodes"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    state, partition, limit, tres, account, nodes = out.splitlines()[0].split("|")
+    return {"state": state, "partition": partition, "timelimit": limit, "tres": tres,
+            "account": account, "nodes": nodes}
+
+
+def minutes(limit: str) -> int:
+    days, _, clock = limit.rpartition("-")
+    h, m, s = (int(x) for x in clock.split(":"))
+    return int(days or 0) * 24 * 60 + h * 60 + m + (s > 0)
+
+
+@pytest.fixture(scope="module")
+def slurm_run(slurm_cluster, tmp_path_factory):
+    work = tmp_path_factory.mktemp("slurm")
+    (work / "slurm.yaml").write_text(yaml.safe_dump(SLURM_CONFIG))
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(work), "--executor", "slurm",
+         "--jobs", "4", "--configfile", "slurm.yaml", "--default-resources",
+         f"slurm_account={TEST_ACCOUNT}", "--slurm-logdir", str(work / "slurm_logs"),
+         "--slurm-keep-successful-logs", *FAST],
+        cwd=work, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    return work, time.perf_counter() - started
+
+
+def job_rules(work: Path) -> dict[str, str]:
+    """SLURM job id -> rule, from the plugin's per-job log files (<logdir>/<rule>/.../<id>.log)."""
+    jobs = {}
+    for log in (work / "slurm_logs").rglob("*.log"):
+        rule = log.relative_to(work / "slurm_logs").parts[0].removeprefix("rule_")
+        jobs[log.stem] = rule
+    return jobs
+
+
+def test_every_rule_ran_as_a_slurm_job_with_its_configured_request(slurm_run):
+    work, seconds = slurm_run
+    jobs = job_rules(work)
+    ran = sorted(jobs.values())
+    expected = (["assemble_split"] * 3 + [f"evaluate_stage{n}" for n in range(4)]
+                + ["prepare_roi"] * 4 + ["synth_raw"] + [f"train_stage{n}" for n in range(4)])
+    assert ran == sorted(expected), ran
+    for job_id, rule in jobs.items():
+        acct = sacct(job_id)
+        key = "evaluate" if rule.startswith("evaluate") else rule
+        want = SLURM_CONFIG["resources"][key]
+        assert acct["state"] == "COMPLETED", (rule, acct)
+        assert acct["partition"] == want["partition"], (rule, acct)
+        assert minutes(acct["timelimit"]) == want["runtime"], (rule, acct)
+        assert acct["account"] == TEST_ACCOUNT, (rule, acct)
+        assert ("gres/gpu=1" in acct["tres"]) == bool(want.get("gpus")), (rule, acct)
+    for stage in range(4):
+        assert (work / f"results/eval/stage{stage}.json").is_file()
+    print(f"slurm pipeline: {len(jobs)} jobs in {seconds:.0f} s")
+
+
+def test_two_task_srun_ddp_through_the_multinode_launch_line(slurm_run, tmp_path):
+    """The multi-node path (srun + singularity exec, rank 0's host from squeue) on one node:
+    two gloo ranks train stage 0 and agree on rank, world size and rank 0's address."""
+    from vcloud.runtime.lumi import RuleResources, multinode_prefix
+
+    work, _ = slurm_run
+    overlay, cluster = write_overlay(tmp_path)
+    res = RuleResources(rule="train_stage0", runtime=10, mem_mb=3000, threads=1, partition="small",
+                        gpus=0, nodes=2, cpus_per_gpu=7)
+    line = multinode_prefix(dataclasses.replace(res, nodes=1), cluster, tasks_per_node=2)
+    out = tmp_path / "ddp"
+    command = (f"{line} vcloud train --stage 0 --config {REPO / 'tests/workflow/tiny_models.yaml'}"
+               f" --train {work / 'results/prepared/train.zarr'} --val {work / 'results/prepared/val.zarr'}"
+               f" --out {out}")
+    # As the SLURM jobstep does for a rule with an mpi resource: no SLURM_* but the job id.
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\nset -euo pipefail\n"
+                      "for v in $(compgen -e | grep -E '^(SLURM_|SRUN_|SBATCH_)' | grep -v '^SLURM_JOB_ID$'); "
+                      "do unset \"$v\"; done\n" + command + "\n")
+    env = stand_in_env(tmp_path)
+    env["PYTHONPATH"] = str(REPO)
+    submit = subprocess.run(["sbatch", "--parsable", "--wait", "-p", "small", "-A", TEST_ACCOUNT,
+                             "-n", "2", "-c", "1", "--mem", "3000", "-t", "10",
+                             "-o", str(tmp_path / "job.log"), str(script)],
+                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
+    log = (tmp_path / "job.log").read_text() if (tmp_path / "job.log").exists() else ""
+    assert submit.returncode == 0, submit.stderr + log[-4000:]
+    job_id = submit.stdout.strip().split(";")[0]
+    host = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
+    port = 29500 + int(job_id) % 1000
+    for rank in (0, 1):
+        pattern = rf"rank {rank}/2 local {rank} \(slurm\) on \S+ master {re.escape(host)}:{port} "
+        assert re.search(pattern, log), log[-4000:]
+    assert (out / "best.pt").is_file()
+    calls = exec_calls(tmp_path)
+    assert len(calls) == 2  # one singularity exec per task
+    for call in calls:
+        assert "--rocm" not in call["argv"] and cluster.image in call["argv"]
+        assert f"/scratch/{TEST_ACCOUNT}" in binds_of(call["argv"])
+        assert call["containlibs"] == ",".join(cluster.containlibs)
+        assert call["env"]["SINGULARITYENV_MASTER_ADDR"] == host
+
+
+def test_lumi_profile_submits_through_slurm_into_the_image(slurm_cluster, tmp_path):
+    """`snakemake --profile lumi` as typed: jobs go to SLURM with the configured partition and
+    account, and each runs in the image with the binds and containlibs of the profile."""
+    overlay, cluster = write_overlay(tmp_path)
+    env = stand_in_env(tmp_path)
+    proc = subprocess.run(
+        [*SNAKEMAKE, "--profile", "lumi", "-d", str(tmp_path), "--configfile", "config/lumi.yaml",
+         str(overlay), "--apptainer-args", cluster.apptainer_args(), *FAST, "--",
+         "results/prepared/rois/ROIs1868_119.zarr"],
+        cwd=REPO, capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    calls = exec_calls(tmp_path)
+    assert ["vcloud synth" in calls[0]["argv"][-1], "vcloud prepare" in calls[1]["argv"][-1]] == [True, True]
+    for call in calls:
+        assert "--rocm" not in call["argv"] and cluster.image in call["argv"]
+        assert set(cluster.binds) <= set(binds_of(call["argv"]))
+        # The profile's precommand ran in the job before its snakemake: apptainer saw it.
+        assert call["containlibs"] == ",".join(cluster.containlibs)
+    logs = list((tmp_path / "logs" / "slurm").rglob("*.log"))
+    assert len(logs) == 2  # slurm-logdir from the profile
+    for log in logs:
+        acct = sacct(log.stem)
+        assert acct["state"] == "COMPLETED" and acct["partition"] == "small"
+        assert acct["account"] == TEST_ACCOUNT
