@@ -201,7 +201,7 @@ def _asset(name: str) -> str:
 
 def render_page(data: dict) -> str:
     """index.html with the CSS, the script and the data inlined (no fetch: file:// works)."""
-    payload = json.dumps(data, indent=None, separators=(",", ":"), sort_keys=True)
+    payload = json.dumps(data, indent=None, separators=(",", ":"))
     payload = payload.replace("</", "<\\/")  # never closes the script element early
     values = {
         "/*VCLOUD_CSS*/": _asset("viewer.css"),
