@@ -147,3 +147,11 @@ def test_cli_export_viewer_names_a_missing_checkpoint_in_one_line(tiny_store, tm
     err = capsys.readouterr().err.strip()
     assert status == 2 and len(err.splitlines()) == 1 and "best.pt" in err
     assert not (tmp_path / "v/index.html").exists()
+
+
+def test_export_refuses_zero_samples(tiny_store, tmp_path):
+    from vcloud.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--samples: 0"):
+        export_viewer(store=tiny_store, results=tmp_path, config_path=tmp_path / "x.yaml", out=tmp_path / "v",
+                      samples=0, seed=0)  # fmt: skip

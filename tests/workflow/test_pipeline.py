@@ -107,7 +107,7 @@ def test_viewer_is_exported_from_the_test_split(data_run):
     data = json.loads(page.split('id="viewer-data">', 1)[1].split("</script>", 1)[0])
     fixed = json.loads((work / "results/eval/stage3.json").read_text())["protocols"]["fixed"]
     assert len(data["samples"]) == min(12, fixed["samples"])  # config viewer.samples
-    images = sorted(p.name for p in (viewer / "images").iterdir())
+    images = sorted(p.name for p in (viewer / "images").glob("*.png"))  # not .snakemake_timestamp
     assert images == sorted(name.split("/")[-1] for s in data["samples"] for name in s["images"].values())
     assert len(images) == 9 * len(data["samples"])  # nine layers a sample
     for sample in data["samples"]:  # viewer sample i is evaluation sample i (same clouds)
@@ -126,8 +126,11 @@ def test_viewer_export_is_byte_identical_across_runs(data_run, tmp_path):
         cwd=work, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
-    first = sorted(p.relative_to(work / "results/viewer") for p in (work / "results/viewer").rglob("*") if p.is_file())
-    again = sorted(p.relative_to(tmp_path / "again") for p in (tmp_path / "again").rglob("*") if p.is_file())
+    first = sorted(p.relative_to(work / "results/viewer") for p in (work / "results/viewer").rglob("*.*ml"))
+    first += sorted(p.relative_to(work / "results/viewer") for p in (work / "results/viewer").rglob("*.png"))
+    again = sorted(p.relative_to(tmp_path / "again") for p in (tmp_path / "again").rglob("*.*ml"))
+    again += sorted(p.relative_to(tmp_path / "again") for p in (tmp_path / "again").rglob("*.png"))
+    assert len(first) > 2 + 9 and not list((tmp_path / "again").glob(".staging-*"))
     assert first == again
     for name in first:
         assert (work / "results/viewer" / name).read_bytes() == (tmp_path / "again" / name).read_bytes(), name

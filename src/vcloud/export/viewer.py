@@ -31,6 +31,7 @@ from torch.utils.data import default_collate
 
 from vcloud.config import load_model_config
 from vcloud.constants import CLOUD_CLASSES
+from vcloud.errors import ConfigError
 from vcloud.export import images as im
 from vcloud.train.baselines import least_cloudy, median_mosaic
 from vcloud.train.evaluate import EVAL_SEED, build_predictor, fixed_samples
@@ -122,6 +123,8 @@ def export_viewer(
     """Write out/index.html, out/images/*.png and out/thumbnails.png; return the page's data."""
     from vcloud.train.run import load_wind_orders
 
+    if samples < 1:
+        raise ConfigError(f"--samples: {samples}; the viewer shows at least one sample")
     cfg = load_model_config(config_path)
     torch.manual_seed(EVAL_SEED)
     wind = load_wind_orders(cfg, stage=1, train=store, wind_cache=wind_cache, world_size=1)
@@ -130,8 +133,9 @@ def export_viewer(
     reader = dataset.reader
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(".staging-*"):  # left by a killed export
+        shutil.rmtree(stale, ignore_errors=True)
     staging = out / f".staging-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
     (staging / IMAGES).mkdir(parents=True)
     try:
         entries, sheet_rows = [], []
