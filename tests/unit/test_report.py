@@ -66,10 +66,14 @@ def test_accounting_turns_benchmarks_into_wall_cpu_and_gpu_hours(tmp_path):
     assert "<td>8.0000</td>" in (tmp_path / "acc.html").read_text()
 
 
-def test_accounting_names_a_rule_without_resources_and_a_bad_benchmark(tmp_path):
-    _bench(tmp_path / "b/mystery_rule", "x", 1)
-    with pytest.raises(BadInputError, match="no entry for rule mystery_rule"):
-        accounting(tmp_path / "b", {}, tsv=tmp_path / "a.tsv", page=tmp_path / "a.html")
+def test_accounting_counts_a_rule_without_resources_as_one_thread_and_names_it(tmp_path):
+    _bench(tmp_path / "b/wind_cache", "x", 7200)
+    (cost,) = accounting(tmp_path / "b", {}, tsv=tmp_path / "a.tsv", page=tmp_path / "a.html")
+    assert (cost.rule, cost.stage, cost.threads, cost.cpu_h, cost.gpu_h, cost.assumed) == ("wind_cache", "data", 1, 2.0, 0.0, True)
+    assert "No resources entry for wind_cache" in (tmp_path / "a.html").read_text()
+
+
+def test_accounting_names_a_bad_benchmark_file(tmp_path):
     (tmp_path / "c/synth_raw").mkdir(parents=True)
     (tmp_path / "c/synth_raw/synth_raw.tsv").write_text("wall\n1\n")
     with pytest.raises(BadInputError, match=r"synth_raw.tsv: not a snakemake benchmark file"):
@@ -81,6 +85,7 @@ def test_resources_of_falls_back_to_the_rule_family():
     resources = {"evaluate": {"threads": 1}, "train_stage0": {"threads": 2}}
     assert resources_of("evaluate_stage3", resources) == {"threads": 1}
     assert resources_of("train_stage0", resources) == {"threads": 2}
+    assert resources_of("wind_cache", resources) is None
 
 
 def test_evaluation_tables_show_means_and_classes_of_every_stage(tmp_path):

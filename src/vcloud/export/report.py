@@ -6,8 +6,8 @@
   protocol and method, and PSNR per cloud class.
 - `accounting`: wall time of every job from benchmarks/<rule>/*.tsv (column `s`), with
   CPU-hours = threads x hours and GPU-hours = gpus x nodes x hours from the rule's resources
-  entry (the rule's name, or for evaluate_stage<n> its family `evaluate`), per rule and per
-  stage, as TSV and HTML.
+  entry (the rule's name, or for evaluate_stage<n> its family `evaluate`; a rule without one
+  counts as 1 thread, no GPU, and is named on the page), per rule and per stage, as TSV and HTML.
 """
 
 from __future__ import annotations
@@ -153,6 +153,7 @@ class RuleCost:
     cpu_time_s: float
     threads: int
     gpus: int  # per job: gpus per node x nodes
+    assumed: bool = False  # no resources entry: counted with DEFAULT_RESOURCES
 
     @property
     def wall_h(self) -> float:
@@ -167,12 +168,15 @@ class RuleCost:
         return self.gpus * self.wall_h
 
 
-def resources_of(rule: str, resources: dict) -> dict:
+DEFAULT_RESOURCES = {"threads": 1, "gpus": 0, "nodes": 1}  # a rule without an entry (snakemake's default)
+
+
+def resources_of(rule: str, resources: dict) -> dict | None:
     """A rule's resources entry: its own name, or its family without `_stage<n>` (evaluate)."""
     for key in (rule, re.sub(r"_stage\d+$", "", rule)):
         if key in resources:
             return resources[key]
-    raise BadInputError(f"resources: no entry for rule {rule} (nor for its family)")
+    return None
 
 
 def stage_of(rule: str) -> str:
@@ -206,11 +210,13 @@ def collect_costs(benchmarks: Path, resources: dict) -> list[RuleCost]:
         if not files:
             continue
         times = [read_benchmark(f) for f in files]
-        res = resources_of(folder.name, resources)
+        found = resources_of(folder.name, resources)
+        res = DEFAULT_RESOURCES if found is None else found
         costs.append(RuleCost(
             rule=folder.name, stage=stage_of(folder.name), jobs=len(files),
             wall_s=sum(t[0] for t in times), cpu_time_s=sum(t[1] for t in times),
             threads=int(res["threads"]), gpus=int(res.get("gpus", 0)) * int(res.get("nodes", 1)),
+            assumed=found is None,
         ))  # fmt: skip
     return costs
 
@@ -245,12 +251,17 @@ def accounting(benchmarks: Path, resources: dict, *, tsv: Path, page: Path) -> l
             writer = csv.writer(handle, delimiter="\t", lineterminator="\n")
             writer.writerows([COLUMNS, *rows, *stage_rows, total])
 
+    assumed = [c.rule for c in costs if c.assumed]
+    note = (
+        f"<p>No resources entry for {html.escape(', '.join(assumed))}: counted with 1 thread and no GPU.</p>"
+        if assumed else ""
+    )  # fmt: skip
     body = (
         "<p>Wall time of every job from benchmarks/&lt;rule&gt;/*.tsv (column s, summed over a rule's jobs). "
         "cpu_h = threads x wall hours; cpu_time_h = CPU time measured by snakemake; gpu_h = gpus x nodes of "
         "the rule's resources entry x wall hours (0 where a rule has no GPU, as on the default CPU "
         "configuration). Jobs that ran after this table (the accounting itself) are not in it.</p>"
-        "<h2>per stage</h2>" + _table(COLUMNS, [*stage_rows, total], left=2)
+        + note + "<h2>per stage</h2>" + _table(COLUMNS, [*stage_rows, total], left=2)
         + "<h2>per rule</h2>" + _table(COLUMNS, rows, left=2)
     )  # fmt: skip
     _write_atomic(tsv, write_tsv)
