@@ -10,6 +10,9 @@ min_version("9.0")
 configfile: f"{workflow.basedir}/config/config.yaml"
 
 
+report: "workflow/report/workflow.rst"
+
+
 # One line naming the offending key, before any rule is built.
 validate_config(config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
 fill_defaults(config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")

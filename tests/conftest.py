@@ -57,3 +57,18 @@ def small():
     from vcloud.config import load_model_config
 
     return load_model_config(Path(__file__).parents[1] / "config/models/small.yaml")
+
+
+@pytest.fixture(scope="session")
+def pipeline_run(tmp_path_factory):
+    """One real run of the whole workflow on the small config (tiny models), shared by the
+    workflow tests and the browser tests: (work dir, dry-run process, real-run process)."""
+    import yaml
+
+    from tests.workflow.snakemake_run import SMALL, run
+
+    work = tmp_path_factory.mktemp("wf")
+    (work / "small.yaml").write_text(yaml.safe_dump(SMALL))
+    dry = run(["-n", "--configfile", "small.yaml", "-d", str(work)], cwd=work)
+    real = run(["--cores", "2", "--configfile", "small.yaml", "-d", str(work)], cwd=work)
+    return work, dry, real

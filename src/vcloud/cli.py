@@ -132,6 +132,49 @@ def _cmd_doctor(args: argparse.Namespace) -> None:
     print("doctor: all checks passed")
 
 
+def _cmd_export_viewer(args: argparse.Namespace) -> None:
+    from vcloud.export.viewer import export_viewer
+
+    export_viewer(
+        store=args.store,
+        results=args.results,
+        config_path=args.config,
+        out=args.out,
+        samples=args.samples,
+        seed=args.seed,
+        wind_cache=args.wind_cache,
+    )
+
+
+def _cmd_plot_curves(args: argparse.Namespace) -> None:
+    from vcloud.export.report import plot_curves
+
+    for metrics in args.metrics:
+        name = metrics.parent.name  # results/stage<n>/metrics.jsonl -> stage<n>
+        plot_curves(metrics, args.out_dir / f"{name}.png", title=f"{name} training curves")
+
+
+def _cmd_report_tables(args: argparse.Namespace) -> None:
+    from vcloud.export.report import evaluation_tables
+
+    evaluation_tables(args.reports, args.out)
+
+
+def _cmd_accounting(args: argparse.Namespace) -> None:
+    import json
+
+    from vcloud.errors import BadInputError
+    from vcloud.export.report import accounting
+
+    try:
+        resources = json.loads(args.resources)
+    except ValueError as err:
+        raise BadInputError(f"--resources: not a JSON object ({err})") from err
+    if not isinstance(resources, dict):
+        raise BadInputError("--resources: not a JSON object of rule -> resources")
+    accounting(args.benchmarks, resources, tsv=args.tsv, page=args.html)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from vcloud.constants import N_TIMES, PATCH_SIZE
     from vcloud.data.clouds import CloudThresholds
@@ -219,6 +262,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", type=Path, default=Path("profiles/lumi"), help="snakemake profile folder")
     p.add_argument("--config", type=Path, help="workflow config (default: the profile's configfiles)")
     p.set_defaults(func=_cmd_doctor)
+
+
+    p = sub.add_parser("export-viewer", help="quicklooks of test samples and an offline index.html")
+    p.add_argument("--store", type=Path, required=True, help="prepared store (e.g. the test split)")
+    p.add_argument("--results", type=Path, default=Path("results"), help="folder of stage<n>/best.pt")
+    p.add_argument("--config", type=Path, required=True, help="config/models/*.yaml the stages used")
+    p.add_argument("--out", type=Path, required=True, help="viewer folder: index.html, images/, thumbnails.png")
+    p.add_argument("--samples", type=int, default=12, help="samples to show (of the evaluation's fixed protocol)")
+    p.add_argument("--seed", type=int, default=0, help="which samples are shown")
+    p.add_argument("--wind-cache", type=Path, help="wind-scanner cache (when stage1.model.wind_scan)")
+    p.set_defaults(func=_cmd_export_viewer)
+
+    p = sub.add_parser("plot-curves", help="training curves (loss, val PSNR, samples/s) of stages as PNG")
+    p.add_argument("--out-dir", type=Path, required=True, help="writes <stage folder name>.png here")
+    p.add_argument("metrics", type=Path, nargs="+", help="results/stage<n>/metrics.jsonl")
+    p.set_defaults(func=_cmd_plot_curves)
+
+    p = sub.add_parser("report-tables", help="evaluation reports of the stages as one HTML page")
+    p.add_argument("--out", type=Path, required=True, help="FILE.html to write")
+    p.add_argument("reports", type=Path, nargs="+", help="results/eval/stage<n>.json")
+    p.set_defaults(func=_cmd_report_tables)
+
+    p = sub.add_parser("accounting", help="wall, CPU and GPU hours per rule and stage from benchmark files")
+    p.add_argument("--benchmarks", type=Path, required=True, help="benchmarks folder (<rule>/*.tsv)")
+    p.add_argument("--resources", required=True, help="JSON object: the workflow config's resources section")
+    p.add_argument("--tsv", type=Path, required=True, help="FILE.tsv to write")
+    p.add_argument("--html", type=Path, required=True, help="FILE.html to write")
+    p.set_defaults(func=_cmd_accounting)
     return parser
 
 

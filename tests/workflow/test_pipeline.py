@@ -1,31 +1,16 @@
-"""The data part of the DAG through the snakemake command line, as a user runs it."""
+"""The whole DAG through the snakemake command line, as a user runs it (one shared real run)."""
 
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
+from tests.workflow.snakemake_run import ROOT, SMALL, run
 from vcloud.data.store import open_store
 
-ROOT = Path(__file__).parents[2]
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile")]
 pytestmark = pytest.mark.workflow
-
-SMALL = {
-    "data": {"patch_size": 32},
-    "synthetic": {"patches": 2},
-    "model_config": str(ROOT / "tests/workflow/tiny_models.yaml"),
-}
-
-
-def run(args, cwd, check=True):
-    proc = subprocess.run([*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=900)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
 
 
 def test_lint_is_clean():
@@ -46,13 +31,10 @@ def test_bad_config_key_stops_the_dry_run_with_its_name(tmp_path):
     assert "unknown key data.on_bad_imagee" in proc.stdout + proc.stderr
 
 
-@pytest.fixture(scope="module")
-def data_run(tmp_path_factory):
-    work = tmp_path_factory.mktemp("wf")
-    (work / "small.yaml").write_text(yaml.safe_dump(SMALL))
-    dry = run(["-n", "--configfile", "small.yaml", "-d", str(work)], cwd=work)
-    real = run(["--cores", "2", "--configfile", "small.yaml", "-d", str(work)], cwd=work)
-    return work, dry, real
+@pytest.fixture
+def data_run(pipeline_run):
+    """The session's real run of the whole workflow (tests/conftest.py), shared with tests/browser."""
+    return pipeline_run
 
 
 def test_dry_run_plans_one_prepare_job_per_roi(data_run):
@@ -60,6 +42,7 @@ def test_dry_run_plans_one_prepare_job_per_roi(data_run):
     text = dry.stdout + dry.stderr
     plan = [("synth_raw", 1), ("prepare_roi", 4), ("assemble_split", 3)]
     plan += [(f"train_stage{n}", 1) for n in range(4)] + [(f"evaluate_stage{n}", 1) for n in range(4)]
+    plan += [("export_viewer", 1), ("report_curves", 1), ("report_tables", 1), ("accounting", 1)]
     for rule, count in plan:
         assert any(line.split() == [rule, str(count)] for line in text.splitlines()), text[-2000:]
 
@@ -112,6 +95,76 @@ def test_every_stage_is_evaluated_on_the_test_split(data_run):
                 assert len(result[method]["per_sample"]["psnr"]) == result["samples"]
         log = (work / f"logs/evaluate_stage{stage}/evaluate_stage{stage}.log").read_text()
         assert "| fixed | model |" in log
+
+
+def test_viewer_is_exported_from_the_test_split(data_run):
+    import json
+    import re
+
+    work, _, _ = data_run
+    viewer = work / "results/viewer"
+    page = (viewer / "index.html").read_text()
+    data = json.loads(page.split('id="viewer-data">', 1)[1].split("</script>", 1)[0])
+    fixed = json.loads((work / "results/eval/stage3.json").read_text())["protocols"]["fixed"]
+    assert len(data["samples"]) == min(12, fixed["samples"])  # config viewer.samples
+    images = sorted(p.name for p in (viewer / "images").glob("*.png"))  # not .snakemake_timestamp
+    assert images == sorted(name.split("/")[-1] for s in data["samples"] for name in s["images"].values())
+    assert len(images) == 9 * len(data["samples"])  # nine layers a sample
+    for sample in data["samples"]:  # viewer sample i is evaluation sample i (same clouds)
+        assert sample["cloud_class"] == fixed["cloud_class"][sample["index"]]
+    assert not re.search(r"https?://", page, re.IGNORECASE)  # nothing online
+    assert (viewer / "thumbnails.png").stat().st_size > 0
+    assert (work / "benchmarks/export_viewer/export_viewer.tsv").is_file()
+
+
+def test_viewer_export_is_byte_identical_across_runs(data_run, tmp_path):
+    work, _, _ = data_run
+    proc = subprocess.run(
+        [sys.executable, "-m", "vcloud.cli", "export-viewer", "--store", "results/prepared/test.zarr",
+         "--results", "results", "--config", SMALL["model_config"], "--out", str(tmp_path / "again"),
+         "--samples", "12", "--seed", "0"],
+        cwd=work, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    first = sorted(p.relative_to(work / "results/viewer") for p in (work / "results/viewer").rglob("*.*ml"))
+    first += sorted(p.relative_to(work / "results/viewer") for p in (work / "results/viewer").rglob("*.png"))
+    again = sorted(p.relative_to(tmp_path / "again") for p in (tmp_path / "again").rglob("*.*ml"))
+    again += sorted(p.relative_to(tmp_path / "again") for p in (tmp_path / "again").rglob("*.png"))
+    assert len(first) > 2 + 9 and not list((tmp_path / "again").glob(".staging-*"))
+    assert first == again
+    for name in first:
+        assert (work / "results/viewer" / name).read_bytes() == (tmp_path / "again" / name).read_bytes(), name
+
+
+def test_report_inputs_curves_tables_and_accounting(data_run):
+    import csv
+
+    work, _, _ = data_run
+    for stage in range(4):
+        assert (work / f"results/report/curves/stage{stage}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    tables = (work / "results/report/evaluation.html").read_text()
+    assert all(f"<h2>stage {n}</h2>" in tables for n in range(4))
+    rows = list(csv.DictReader(open(work / "results/report/accounting.tsv"), delimiter="\t"))
+    rules = {r["rule"] for r in rows}
+    assert {"prepare_roi", "train_stage2", "evaluate_stage3", "export_viewer", "report_tables"} <= rules
+    assert all(float(r["gpu_h"]) == 0.0 for r in rows)  # the default config has no GPU
+    assert float(rows[-1]["wall_s"]) > 0 and rows[-1]["rule"] == "(total)"
+
+
+@pytest.mark.parametrize("suffix", ["html", "zip"])
+def test_snakemake_report_builds(data_run, suffix):
+    import zipfile
+
+    work, _, _ = data_run
+    target = work / f"report.{suffix}"
+    run(["--report", target.name, "--configfile", "small.yaml", "-d", str(work)], cwd=work)
+    if suffix == "zip":
+        names = zipfile.ZipFile(target).namelist()
+        for name in ("thumbnails.png", "stage0.png", "stage3.png", "evaluation.html", "accounting.html", "report.html"):
+            assert any(n.endswith("/" + name) for n in names), (name, names)
+    else:
+        text = target.read_text()
+        assert "accounting.html" in text and "thumbnails.png" in text and "results/viewer/index.html" in text
 
 
 def test_second_run_has_nothing_to_do(data_run):

@@ -1,5 +1,6 @@
 # Input functions and path helpers shared by every rules file (get_* / is_*).
 import shlex
+import json
 from pathlib import Path
 
 from vcloud.config import config_hash, load_model_config, stage_config_dict
@@ -144,14 +145,58 @@ def get_evaluate_input(stage):
     return inputs
 
 
-def get_final_outputs():
+def get_eval_report(stage):
+    return f"{RESULTS}/eval/stage{stage}.json"
+
+
+def get_viewer_input():
+    """The test split, every stage's checkpoint (stages 1-3 are shown) and the wind cache."""
+    inputs = {"store": get_split_store("test")}
+    inputs.update({f"stage{n}": get_checkpoint(n) for n in range(4)})
+    if is_wind_scan():
+        inputs["wind_cache"] = get_wind_cache()
+    return inputs
+
+
+def get_viewer_page():
+    return f"{RESULTS}/viewer/index.html"
+
+
+def get_report_file(name):
+    """Figures and tables made for `snakemake --report` (results/report/...)."""
+    return f"{RESULTS}/report/{name}"
+
+
+def get_curves(stage):
+    return get_report_file(f"curves/stage{stage}.png")
+
+
+def get_metrics_logs(checkpoints):
+    """results/stage<n>/metrics.jsonl beside each best.pt (written by the same rule)."""
+    return [str(Path(ckpt).parent / "metrics.jsonl") for ckpt in checkpoints]
+
+
+def get_resources_json():
+    """The resources section as one JSON string, for `vcloud accounting --resources`."""
+    return json.dumps(config["resources"], sort_keys=True)
+
+
+def get_accounting_input():
+    """Everything the run makes but the accounting itself: it runs last and counts them all."""
     splits = [get_split_store(split) for split in ("train", "val", "test")]
     checkpoints = [get_checkpoint(stage) for stage in range(4)]
     return (
         splits
         + checkpoints
-        + [f"{RESULTS}/eval/stage{stage}.json" for stage in range(4)]
+        + [get_eval_report(stage) for stage in range(4)]
+        + [get_viewer_page()]
+        + [get_curves(stage) for stage in range(4)]
+        + [get_report_file("evaluation.html")]
     )
+
+
+def get_final_outputs():
+    return get_accounting_input() + [get_report_file("accounting.tsv")]
 
 
 CLUSTER = Cluster.from_config(config)  # None: local run (no cluster section)

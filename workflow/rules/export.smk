@@ -1,4 +1,5 @@
-# Evaluation of every stage on the test split (two protocols, next to two baselines).
+# Evaluation of every stage on the test split (two protocols, next to two baselines), the
+# offline viewer and the run report's figures and tables.
 
 for stage in range(4):
 
@@ -8,7 +9,7 @@ for stage in range(4):
         input:
             **get_evaluate_input(stage),
         output:
-            report=f"{RESULTS}/eval/stage{stage}.json",
+            report=get_eval_report(stage),
         log:
             f"logs/evaluate_stage{stage}/evaluate_stage{stage}.log",
         benchmark:
@@ -35,3 +36,126 @@ for stage in range(4):
             "vcloud evaluate --stage {params.stage} --store {input.store} --out {output.report}"
             " --results {params.results} --config {params.config} {params.wind}"
             " {params.env} > {log} 2>&1"
+
+
+# The offline viewer: quicklooks of test samples through every stage, one static page.
+rule export_viewer:
+    input:
+        **get_viewer_input(),
+    output:
+        page=get_viewer_page(),
+        images=directory(f"{RESULTS}/viewer/images"),
+        thumbnails=report(
+            f"{RESULTS}/viewer/thumbnails.png",
+            caption="../report/viewer.rst",
+            category="Viewer",
+        ),
+    log:
+        "logs/export_viewer/export_viewer.log",
+    benchmark:
+        "benchmarks/export_viewer/export_viewer.tsv"
+    conda:
+        "../../envs/vcloud.yaml"
+    container:
+        get_container("export_viewer")
+    threads: get_resources("export_viewer")["threads"]
+    resources:
+        **get_slurm_resources("export_viewer"),
+    params:
+        config=get_model_config(),
+        results=lambda wildcards, input: str(Path(input.stage0).parent.parent),
+        out=lambda wildcards, output: str(Path(output.page).parent),
+        samples=config["viewer"]["samples"],
+        seed=config["viewer"]["seed"],
+        wind=lambda wildcards, input: (
+            f"--wind-cache {input.wind_cache}" if "wind_cache" in input.keys() else ""
+        ),
+    shell:
+        "vcloud export-viewer --store {input.store} --results {params.results}"
+        " --config {params.config} --out {params.out} --samples {params.samples}"
+        " --seed {params.seed} {params.wind} > {log} 2>&1"
+
+
+# Run report (`snakemake --report report.html`): training curves, evaluation tables, accounting.
+rule report_curves:
+    input:
+        checkpoints=[get_checkpoint(stage) for stage in range(4)],
+    output:
+        [
+            report(
+                get_curves(stage),
+                caption="../report/curves.rst",
+                category="Training",
+                labels={"stage": str(stage)},
+            )
+            for stage in range(4)
+        ],
+    log:
+        "logs/report_curves/report_curves.log",
+    benchmark:
+        "benchmarks/report_curves/report_curves.tsv"
+    conda:
+        "../../envs/vcloud.yaml"
+    container:
+        get_container("report_curves")
+    threads: get_resources("report_curves")["threads"]
+    resources:
+        **get_slurm_resources("report_curves"),
+    params:
+        out_dir=lambda wildcards, output: str(Path(output[0]).parent),
+        metrics=lambda wildcards, input: get_metrics_logs(input.checkpoints),
+    shell:
+        "vcloud plot-curves --out-dir {params.out_dir} {params.metrics} > {log} 2>&1"
+
+
+rule report_tables:
+    input:
+        reports=[get_eval_report(stage) for stage in range(4)],
+    output:
+        page=report(
+            get_report_file("evaluation.html"),
+            caption="../report/evaluation.rst",
+            category="Evaluation",
+        ),
+    log:
+        "logs/report_tables/report_tables.log",
+    benchmark:
+        "benchmarks/report_tables/report_tables.tsv"
+    conda:
+        "../../envs/vcloud.yaml"
+    container:
+        get_container("report_tables")
+    threads: get_resources("report_tables")["threads"]
+    resources:
+        **get_slurm_resources("report_tables"),
+    shell:
+        "vcloud report-tables --out {output.page} {input.reports} > {log} 2>&1"
+
+
+rule accounting:
+    input:
+        get_accounting_input(),
+    output:
+        tsv=get_report_file("accounting.tsv"),
+        page=report(
+            get_report_file("accounting.html"),
+            caption="../report/accounting.rst",
+            category="Accounting",
+        ),
+    log:
+        "logs/accounting/accounting.log",
+    benchmark:
+        "benchmarks/accounting/accounting.tsv"
+    conda:
+        "../../envs/vcloud.yaml"
+    container:
+        get_container("accounting")
+    threads: get_resources("accounting")["threads"]
+    resources:
+        **get_slurm_resources("accounting"),
+    params:
+        benchmarks="benchmarks",
+        resources=get_resources_json(),
+    shell:
+        "vcloud accounting --benchmarks {params.benchmarks} --resources {params.resources:q}"
+        " --tsv {output.tsv} --html {output.page} > {log} 2>&1"

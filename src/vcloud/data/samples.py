@@ -112,11 +112,20 @@ class CloudySamples(_StoreSamples):
         phase = cloudsim.curriculum_phase(epoch, self.epochs, mixed_from=self.mixed_from, all_from=self.all_from)
         return cloudsim.CURRICULUM[phase]
 
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+    def pick(self, index: int) -> tuple[int, int, list[int], int, str]:
+        """What sample `index` shows: location, target time, input times, target slot, cloud kind."""
         rng, epoch = self._rng(index)
+        return self._pick(rng, epoch)
+
+    def _pick(self, rng: np.random.Generator, epoch: int) -> tuple[int, int, list[int], int, str]:
         location, target_t = (int(v) for v in self.targets[int(rng.integers(len(self.targets)))])
         dates, target_index = _pick_dates(rng, self.usable[location], target_t, self.dates)
         kind = str(rng.choice(self.kinds_at(epoch)))
+        return location, target_t, dates, target_index, kind
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        rng, epoch = self._rng(index)
+        location, target_t, dates, target_index, kind = self._pick(rng, epoch)
         ys, xs = self._window(rng)
         sample = self.reader.read(location, dates)
         s2 = sample.s2[:, :, ys, xs]  # (T, 13, h, w)

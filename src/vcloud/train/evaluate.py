@@ -86,6 +86,18 @@ def build_predictor(stage: int, cfg: ModelSetConfig, results: Path, wind):
     return lambda batch: _draft(student, batch)
 
 
+def fixed_samples(store: Path, cfg: ModelSetConfig, *, samples: int | None = None) -> CloudySamples:
+    """The fixed protocol's samples: seeded thin/thick/opaque clouds on the clear dates.
+
+    Sample i is the same whatever `samples` is (draws depend on the seed and i only), so the
+    viewer's sample i is the evaluation's sample i.
+    """
+    return CloudySamples(
+        store, dates=cfg.data.input_dates, length=samples, seed=EVAL_SEED,
+        clear_max_cover=cfg.data.clear_max_cover, kinds=EVAL_KINDS,
+    )  # fmt: skip
+
+
 def load_frozen_state(path: Path, *, stage: int) -> dict:
     from vcloud.errors import BadInputError
     from vcloud.train.checkpoint import load_checkpoint
@@ -140,16 +152,12 @@ def evaluate(*, stage: int, store: Path, out: Path, results: Path, config_path: 
     torch.manual_seed(EVAL_SEED)
     wind = load_wind_orders(cfg, stage=stage, train=store, wind_cache=wind_cache, world_size=1)
     predict = build_predictor(stage, cfg, results, wind)
-    fixed = CloudySamples(
-        store, dates=cfg.data.input_dates, length=samples, seed=EVAL_SEED,
-        clear_max_cover=cfg.data.clear_max_cover, kinds=EVAL_KINDS,
-    )  # fmt: skip
     report = {
         "stage": stage,
         "store": str(store),
         "config": str(config_path),
         "protocols": {
-            "fixed": score(fixed, predict),
+            "fixed": score(fixed_samples(store, cfg, samples=samples), predict),
             "reference": score(ReferenceSamples(store, dates=cfg.data.input_dates), predict),
         },
     }

@@ -1,0 +1,269 @@
+"""Figures and tables for `snakemake --report`: training curves, evaluation tables, accounting.
+
+- `plot_curves`: one PNG per stage from results/stage<n>/metrics.jsonl (training loss, val PSNR
+  and samples/s per epoch; a resumed run's repeated epochs count once, the last line wins).
+- `evaluation_tables`: one HTML page of every results/eval/stage<n>.json: mean metrics per
+  protocol and method, and PSNR per cloud class.
+- `accounting`: wall time of every job from benchmarks/<rule>/*.tsv (column `s`), with
+  CPU-hours = threads x hours and GPU-hours = gpus x nodes x hours from the rule's resources
+  entry (the rule's name, or for evaluate_stage<n> its family `evaluate`; a rule without one
+  counts as 1 thread, no GPU, and is named on the page), per rule and per stage, as TSV and HTML.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from vcloud.errors import BadInputError
+
+CURVES = (("loss", "training loss"), ("val_psnr", "validation PSNR (dB)"), ("samples_per_s", "samples/s"))
+PAGE_STYLE = (
+    "body{font:14px/1.4 system-ui,sans-serif;color:#1d232a;margin:12px}"
+    "table{border-collapse:collapse;margin:6px 0 18px;font-variant-numeric:tabular-nums}"
+    "th,td{padding:3px 10px;border-bottom:1px solid #d5dbe0;text-align:right}"
+    "th:first-child,td:first-child,th.l,td.l{text-align:left}h2{font-size:16px}"
+    "p{color:#5b6670;font-size:12px}"
+)
+
+
+def _write_atomic(path: Path, write) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _page(title: str, body: str) -> str:
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{PAGE_STYLE}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>\n"
+    )
+
+
+def _table(header: list[str], rows: list[list[str]], *, left: int = 1) -> str:
+    def cells(tag: str, values: list[str]) -> str:
+        return "".join(
+            f'<{tag}{" class=l" if i < left else ""}>{html.escape(str(v))}</{tag}>' for i, v in enumerate(values)
+        )
+
+    body = "".join(f"<tr>{cells('td', row)}</tr>" for row in rows)
+    return f"<table><thead><tr>{cells('th', header)}</tr></thead><tbody>{body}</tbody></table>"
+
+
+# --- training curves ---------------------------------------------------------------------
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """Epoch records of a metrics.jsonl in epoch order; a repeated epoch keeps its last line."""
+    path = Path(path)
+    if not path.is_file():
+        raise BadInputError(f"{path}: no such metrics file (has the stage been trained?)")
+    epochs: dict[int, dict] = {}
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            epochs[int(record["epoch"])] = record
+        except (ValueError, KeyError, TypeError) as err:
+            raise BadInputError(f"{path}:{number}: not an epoch record ({err})") from err
+    return [epochs[e] for e in sorted(epochs)]
+
+
+def plot_curves(metrics: Path, out: Path, *, title: str) -> None:
+    """Loss, val PSNR and samples/s against epoch, side by side, as one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    records = read_metrics(metrics)
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(11, 3.2), dpi=100, layout="constrained")
+    for ax, (key, label) in zip(axes, CURVES):
+        points = [(r["epoch"] + 1, r[key]) for r in records if isinstance(r.get(key), (int, float))]
+        if points:
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.5, color="#1f6feb")
+        else:
+            ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("epoch")
+        ax.grid(alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    fig.suptitle(f"{title} ({len(records)} epochs, {metrics})", fontsize=11)
+    _write_atomic(out, lambda tmp: fig.savefig(tmp, format="png", metadata={"Software": None}))
+    plt.close(fig)
+
+
+# --- evaluation tables --------------------------------------------------------------------
+
+
+def evaluation_tables(reports: list[Path], out: Path) -> None:
+    """One HTML page with every stage's evaluation: means per protocol, PSNR per cloud class."""
+    sections = []
+    for path in reports:
+        try:
+            report = json.loads(Path(path).read_text())
+            protocols = report["protocols"]
+            stage = report["stage"]
+        except (OSError, ValueError, KeyError) as err:
+            raise BadInputError(f"{path}: not an evaluation report ({err})") from err
+        rows, class_rows = [], []
+        for protocol, result in protocols.items():
+            for method in ("model", "least_cloudy_date", "median_mosaic"):
+                mean = result[method]["mean"]
+                if mean:
+                    rows.append([protocol, method, str(result["samples"]), f"{mean['psnr']:.2f}",
+                                 f"{mean['ssim']:.3f}", f"{mean['sam']:.2f}", f"{mean['mae']:.4f}",
+                                 f"{mean['rmse']:.4f}"])  # fmt: skip
+                for cloud_class, values in result[method]["by_class"].items():
+                    class_rows.append([protocol, method, cloud_class, str(values["samples"]), f"{values['psnr']:.2f}"])
+        sections.append(
+            f"<h2>stage {stage}</h2><p>{html.escape(str(path))}, store {html.escape(str(report.get('store')))}</p>"
+            + _table(["protocol", "method", "samples", "PSNR dB", "SSIM", "SAM deg", "MAE", "RMSE"], rows, left=2)
+            + _table(["protocol", "method", "cloud class", "samples", "PSNR dB"], class_rows, left=3)
+        )
+    body = (
+        "<p>Metrics on the S2 0..1 scale. fixed: seeded synthetic thin/thick/opaque clouds on clear "
+        "dates; reference: as UnCRtainTS (least-cloudy date = truth). 'model' is the stage itself; the "
+        "baselines are on the same samples.</p>" + "".join(sections)
+    )
+    _write_atomic(out, lambda tmp: tmp.write_text(_page("Evaluation", body), encoding="utf-8"))
+
+
+# --- accounting ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RuleCost:
+    rule: str
+    stage: str
+    jobs: int
+    wall_s: float
+    cpu_time_s: float
+    threads: int
+    gpus: int  # per job: gpus per node x nodes
+    assumed: bool = False  # no resources entry: counted with DEFAULT_RESOURCES
+
+    @property
+    def wall_h(self) -> float:
+        return self.wall_s / 3600
+
+    @property
+    def cpu_h(self) -> float:
+        return self.threads * self.wall_h
+
+    @property
+    def gpu_h(self) -> float:
+        return self.gpus * self.wall_h
+
+
+DEFAULT_RESOURCES = {"threads": 1, "gpus": 0, "nodes": 1}  # a rule without an entry (snakemake's default)
+
+
+def resources_of(rule: str, resources: dict) -> dict | None:
+    """A rule's resources entry: its own name, or its family without `_stage<n>` (evaluate)."""
+    for key in (rule, re.sub(r"_stage\d+$", "", rule)):
+        if key in resources:
+            return resources[key]
+    return None
+
+
+def stage_of(rule: str) -> str:
+    match = re.search(r"stage(\d+)", rule)
+    if match:
+        return f"stage{match.group(1)}"
+    if rule in ("synth_raw", "prepare_roi", "assemble_split", "wind_cache"):
+        return "data"
+    return "export"
+
+
+def read_benchmark(path: Path) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one benchmark TSV, summed over its repeats."""
+    try:
+        with open(path, newline="") as handle:
+            rows = list(csv.DictReader(handle, delimiter="\t"))
+        wall = sum(float(row["s"]) for row in rows)
+        cpu = sum(float(row.get("cpu_time") or 0.0) for row in rows)
+    except (OSError, KeyError, ValueError) as err:
+        raise BadInputError(f"{path}: not a snakemake benchmark file ({err})") from err
+    if not rows:
+        raise BadInputError(f"{path}: benchmark file has no row")
+    return wall, cpu
+
+
+def collect_costs(benchmarks: Path, resources: dict) -> list[RuleCost]:
+    """One RuleCost per rule folder under `benchmarks` that holds at least one TSV."""
+    costs = []
+    for folder in sorted(p for p in Path(benchmarks).iterdir() if p.is_dir()):
+        files = sorted(folder.glob("*.tsv"))
+        if not files:
+            continue
+        times = [read_benchmark(f) for f in files]
+        found = resources_of(folder.name, resources)
+        res = DEFAULT_RESOURCES if found is None else found
+        costs.append(RuleCost(
+            rule=folder.name, stage=stage_of(folder.name), jobs=len(files),
+            wall_s=sum(t[0] for t in times), cpu_time_s=sum(t[1] for t in times),
+            threads=int(res["threads"]), gpus=int(res.get("gpus", 0)) * int(res.get("nodes", 1)),
+            assumed=found is None,
+        ))  # fmt: skip
+    return costs
+
+
+COLUMNS = ["rule", "stage", "jobs", "threads", "gpus", "wall_s", "wall_h", "cpu_h", "cpu_time_h", "gpu_h"]
+
+
+def _row(c: RuleCost) -> list[str]:
+    return [c.rule, c.stage, str(c.jobs), str(c.threads), str(c.gpus), f"{c.wall_s:.2f}", f"{c.wall_h:.4f}",
+            f"{c.cpu_h:.4f}", f"{c.cpu_time_s / 3600:.4f}", f"{c.gpu_h:.4f}"]  # fmt: skip
+
+
+def _totals(name: str, stage: str, costs: list[RuleCost]) -> list[str]:
+    wall = sum(c.wall_s for c in costs)
+    return [name, stage, str(sum(c.jobs for c in costs)), "", "", f"{wall:.2f}", f"{wall / 3600:.4f}",
+            f"{sum(c.cpu_h for c in costs):.4f}", f"{sum(c.cpu_time_s for c in costs) / 3600:.4f}",
+            f"{sum(c.gpu_h for c in costs):.4f}"]  # fmt: skip
+
+
+def accounting(benchmarks: Path, resources: dict, *, tsv: Path, page: Path) -> list[RuleCost]:
+    """Per-rule and per-stage wall, CPU and GPU hours; TSV for tools, HTML for the report."""
+    if not Path(benchmarks).is_dir():
+        raise BadInputError(f"{benchmarks}: no benchmarks folder")
+    costs = collect_costs(benchmarks, resources)
+    rows = [_row(c) for c in costs]
+    stages = sorted({c.stage for c in costs}, key=lambda s: (s != "data", s == "export", s))
+    stage_rows = [_totals("(all rules)", s, [c for c in costs if c.stage == s]) for s in stages]
+    total = _totals("(total)", "all", costs)
+
+    def write_tsv(tmp: Path) -> None:
+        with open(tmp, "w", newline="") as handle:
+            writer = csv.writer(handle, delimiter="\t", lineterminator="\n")
+            writer.writerows([COLUMNS, *rows, *stage_rows, total])
+
+    assumed = [c.rule for c in costs if c.assumed]
+    note = (
+        f"<p>No resources entry for {html.escape(', '.join(assumed))}: counted with 1 thread and no GPU.</p>"
+        if assumed else ""
+    )  # fmt: skip
+    body = (
+        "<p>Wall time of every job from benchmarks/&lt;rule&gt;/*.tsv (column s, summed over a rule's jobs). "
+        "cpu_h = threads x wall hours; cpu_time_h = CPU time measured by snakemake; gpu_h = gpus x nodes of "
+        "the rule's resources entry x wall hours (0 where a rule has no GPU, as on the default CPU "
+        "configuration). Jobs that ran after this table (the accounting itself) are not in it.</p>"
+        + note + "<h2>per stage</h2>" + _table(COLUMNS, [*stage_rows, total], left=2)
+        + "<h2>per rule</h2>" + _table(COLUMNS, rows, left=2)
+    )  # fmt: skip
+    _write_atomic(tsv, write_tsv)
+    _write_atomic(page, lambda tmp: tmp.write_text(_page("Accounting", body), encoding="utf-8"))
+    return costs

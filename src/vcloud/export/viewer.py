@@ -1,0 +1,221 @@
+"""`vcloud export-viewer`: quicklooks of test samples and a static, offline index.html.
+
+The samples are the evaluation's fixed protocol (seeded thin/thick/opaque clouds on clear
+dates of the store, `vcloud.train.evaluate.fixed_samples`): viewer sample i is sample i of
+`results/eval/stage<n>.json`. `samples` of them are picked with `seed`. Per sample, PNG
+quicklooks (stretches in `vcloud.export.images`) of the cloudy target-date input, the other
+input dates as a strip, the cloud probability, S1 VV, the stage 1 draft, the stage 2
+refinement, the stage 3 output, the ground truth and the error of the stage 3 output, plus
+the metrics of every stage and both baselines.
+
+The page (assets/index.html, viewer.css, viewer.js inlined, the data as JSON in a script
+tag) needs no network, no server and no build step: it opens from file:// as well as over
+`python -m http.server`. Same checkpoints, store and settings: byte-identical files.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import default_collate
+
+from vcloud.config import load_model_config
+from vcloud.constants import CLOUD_CLASSES
+from vcloud.errors import ConfigError
+from vcloud.export import images as im
+from vcloud.train.baselines import least_cloudy, median_mosaic
+from vcloud.train.evaluate import EVAL_SEED, build_predictor, fixed_samples
+from vcloud.train.metrics import compute_all
+
+log = logging.getLogger(__name__)
+
+VIEWER_VERSION = 1
+IMAGES = "images"  # folder of the quicklooks, beside index.html
+THUMBNAILS = "thumbnails.png"  # contact sheet for the run report
+THUMBNAIL_ROWS = 6
+THUMBNAIL_LAYERS = ("input", "stage1", "stage2", "stage3", "truth", "error")
+
+
+@dataclass(frozen=True)
+class Layer:
+    key: str
+    label: str
+    swipe: bool = True  # same geometry as the target image: can take part in a comparison
+
+
+LAYERS = (
+    Layer("input", "cloudy input (target date)"),
+    Layer("context", "other input dates", swipe=False),
+    Layer("cloud", "cloud probability"),
+    Layer("s1", "S1 VV"),
+    Layer("stage1", "stage 1 draft"),
+    Layer("stage2", "stage 2 refined"),
+    Layer("stage3", "stage 3 output"),
+    Layer("truth", "ground truth"),
+    Layer("error", "error of stage 3"),
+)
+METHODS = {
+    "stage1": "stage 1 draft",
+    "stage2": "stage 2 refined",
+    "stage3": "stage 3 output",
+    "least_cloudy_date": "least-cloudy date (baseline)",
+    "median_mosaic": "median mosaic (baseline)",
+}
+
+
+def pick_samples(total: int, count: int, seed: int) -> list[int]:
+    """`count` distinct sample indices of `total`, in ascending order; a pure function of seed."""
+    if total <= 0:
+        return []
+    chosen = np.random.default_rng(seed).choice(total, size=min(count, total), replace=False)
+    return sorted(int(i) for i in chosen)
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().float().cpu().numpy()
+
+
+def _layers(batch: dict, outputs: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """The quicklooks of one sample (batch of one) as (H, W, 3) uint8 arrays."""
+    x = _numpy(batch["x"][0])  # (T, 16, H, W): 13 S2, 2 S1, cloud probability
+    target = int(batch["target_index"][0])
+    truth = _numpy(batch["target"][0])
+    output = _numpy(outputs["stage3"][0])
+    context = [im.true_colour(x[t, :13]) for t in range(x.shape[0]) if t != target]
+    return {
+        "input": im.true_colour(x[target, :13]),
+        "context": im.strip(context) if context else im.true_colour(x[target, :13]),
+        "cloud": im.grey(_numpy(batch["target_prob"][0])),
+        "s1": im.grey(_numpy(batch["target_s1"][0, 0])),
+        **{f"stage{n}": im.true_colour(_numpy(outputs[f"stage{n}"][0])) for n in (1, 2, 3)},
+        "truth": im.true_colour(truth),
+        "error": im.error_map(output, truth),
+    }
+
+
+def _contact_sheet(rows: list[dict[str, np.ndarray]]) -> np.ndarray:
+    """THUMBNAIL_LAYERS side by side, one row per sample, enlarged to at least 96 px a tile."""
+    size = rows[0]["input"].shape[0]
+    factor = max(1, -(-96 // size))
+    gap = 4
+    lines = []
+    for row in rows:
+        lines.append(im.strip([im.upscale(row[key], factor) for key in THUMBNAIL_LAYERS], gap=gap))
+        lines.append(np.full((gap, lines[-1].shape[1], 3), 255, np.uint8))
+    return np.concatenate(lines[:-1], axis=0)
+
+
+@torch.no_grad()
+def export_viewer(
+    *, store: Path, results: Path, config_path: Path, out: Path, samples: int, seed: int,
+    wind_cache: Path | None = None,
+) -> dict:  # fmt: skip
+    """Write out/index.html, out/images/*.png and out/thumbnails.png; return the page's data."""
+    from vcloud.train.run import load_wind_orders
+
+    if samples < 1:
+        raise ConfigError(f"--samples: {samples}; the viewer shows at least one sample")
+    cfg = load_model_config(config_path)
+    torch.manual_seed(EVAL_SEED)
+    wind = load_wind_orders(cfg, stage=1, train=store, wind_cache=wind_cache, world_size=1)
+    predictors = {f"stage{n}": build_predictor(n, cfg, Path(results), wind) for n in (1, 2, 3)}
+    dataset = fixed_samples(store, cfg)
+    reader = dataset.reader
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(".staging-*"):  # left by a killed export
+        shutil.rmtree(stale, ignore_errors=True)
+    staging = out / f".staging-{os.getpid()}"
+    (staging / IMAGES).mkdir(parents=True)
+    try:
+        entries, sheet_rows = [], []
+        for index in pick_samples(len(dataset), samples, seed):
+            location, target_t, dates, target_index, kind = dataset.pick(index)
+            batch = default_collate([dataset[index]])
+            outputs = {name: predict(batch).float().clamp(0, 1) for name, predict in predictors.items()}
+            outputs["least_cloudy_date"] = least_cloudy(batch["x"], batch["target_index"]).float()
+            outputs["median_mosaic"] = median_mosaic(batch["x"], batch["target_index"]).float()
+            target = batch["target"].float()
+            metrics = {}
+            for method in METHODS:
+                values = compute_all(outputs[method], target)
+                metrics[method] = {m: round(float(v[0]), 4) for m, v in values.items()}
+            layers = _layers(batch, outputs)
+            names = {}
+            for key, image in layers.items():
+                names[key] = f"{IMAGES}/s{index:04d}_{key}.png"
+                im.write_png(staging / names[key], image)
+            if len(sheet_rows) < THUMBNAIL_ROWS:
+                sheet_rows.append(layers)
+            day = reader.date_s2[location].astype("datetime64[D]")
+            entries.append({
+                "index": index,
+                "location": reader.locations[location],
+                "date": str(day[target_t]),
+                "cloud_class": kind,
+                "context": [
+                    {"date": str(day[t]), "days": int((day[t] - day[target_t]).astype(np.int64))}
+                    for slot, t in enumerate(dates) if slot != target_index
+                ],
+                "images": names,
+                "metrics": metrics,
+            })  # fmt: skip
+        data = {
+            "version": VIEWER_VERSION,
+            "title": f"vcloud viewer: {Path(store).name}",
+            "store": str(store),
+            "model_set": cfg.name,
+            "protocol": "fixed: seeded synthetic thin/thick/opaque clouds on clear dates (as results/eval)",
+            "stretch": im.STRETCH_NOTE,
+            "cloud_classes": list(CLOUD_CLASSES),
+            "layers": [{"key": layer.key, "label": layer.label, "swipe": layer.swipe} for layer in LAYERS],
+            "methods": METHODS,
+            "sort_method": "stage3",
+            "samples": entries,
+        }
+        if sheet_rows:
+            im.write_png(staging / THUMBNAILS, _contact_sheet(sheet_rows))
+        else:
+            im.write_png(staging / THUMBNAILS, np.full((8, 8, 3), 255, np.uint8))
+        (staging / "index.html").write_text(render_page(data), encoding="utf-8")
+        # Into place; index.html last, so a page that exists has its images.
+        shutil.rmtree(out / IMAGES, ignore_errors=True)
+        os.replace(staging / IMAGES, out / IMAGES)
+        os.replace(staging / THUMBNAILS, out / THUMBNAILS)
+        os.replace(staging / "index.html", out / "index.html")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info("viewer: %d samples of %s -> %s", len(entries), store, out / "index.html")
+    return data
+
+
+def _asset(name: str) -> str:
+    return resources.files("vcloud.export").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def render_page(data: dict) -> str:
+    """index.html with the CSS, the script and the data inlined (no fetch: file:// works)."""
+    payload = json.dumps(data, indent=None, separators=(",", ":"))
+    payload = payload.replace("</", "<\\/")  # never closes the script element early
+    values = {
+        "/*VCLOUD_CSS*/": _asset("viewer.css"),
+        "/*VCLOUD_JS*/": _asset("viewer.js"),
+        "VCLOUD_DATA": payload,
+        "VCLOUD_TITLE": html.escape(data["title"]),
+    }
+    page = _asset("index.html")
+    for marker in values:
+        assert page.count(marker) == 1, f"assets/index.html: marker {marker} must appear once"
+    # One pass: text put in is never searched for markers again.
+    pattern = "|".join(re.escape(marker) for marker in values)
+    return re.sub(pattern, lambda match: values[match.group(0)], page)

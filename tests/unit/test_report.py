@@ -1,0 +1,115 @@
+"""Run report pieces: training curves, evaluation tables, and the wall/CPU/GPU-hours accounting."""
+
+import csv
+import json
+
+import pytest
+
+from vcloud.errors import BadInputError
+from vcloud.export.report import accounting, evaluation_tables, plot_curves, read_metrics, resources_of
+
+BENCH_HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+
+
+def _bench(folder, name, seconds, cpu=0.0):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.tsv").write_text(BENCH_HEADER + f"{seconds}\t0:00:00\t1\t1\t1\t1\t0\t0\t50\t{cpu}\n")
+
+
+def test_read_metrics_keeps_the_last_record_of_a_repeated_epoch(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    lines = [{"epoch": 0, "loss": 3.0}, {"epoch": 1, "loss": 2.0}, {"epoch": 1, "loss": 1.5}, {"epoch": 2, "loss": 1.0}]
+    path.write_text("\n".join(json.dumps(r) for r in lines) + "\n")  # a resume rewrote epoch 1
+    assert [r["loss"] for r in read_metrics(path)] == [3.0, 1.5, 1.0]
+    path.write_text('{"epoch": 0}\nnot json\n')
+    with pytest.raises(BadInputError, match=r"metrics.jsonl:2: not an epoch record"):
+        read_metrics(path)
+    with pytest.raises(BadInputError, match="no such metrics file"):
+        read_metrics(tmp_path / "missing.jsonl")
+
+
+def test_plot_curves_writes_a_png_even_for_a_metric_never_recorded(tmp_path):
+    from PIL import Image
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(json.dumps({"epoch": e, "loss": 1 / (e + 1), "val_psnr": 20 + e}) for e in range(3)))
+    plot_curves(path, tmp_path / "out/stage1.png", title="stage1")  # no samples_per_s
+    image = Image.open(tmp_path / "out/stage1.png")
+    assert image.format == "PNG" and image.size == (1100, 320)
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["stage1.png"]  # no temp file left
+
+
+def test_accounting_turns_benchmarks_into_wall_cpu_and_gpu_hours(tmp_path):
+    bench = tmp_path / "benchmarks"
+    _bench(bench / "prepare_roi", "ROIs1_1", 360, cpu=300)
+    _bench(bench / "prepare_roi", "ROIs1_2", 720, cpu=600)
+    _bench(bench / "train_stage1", "train_stage1", 1800, cpu=1000)
+    _bench(bench / "evaluate_stage1", "evaluate_stage1", 36)
+    (bench / "empty_rule").mkdir()  # no benchmark yet: not counted
+    resources = {
+        "prepare_roi": {"threads": 2, "gpus": 0, "nodes": 1},
+        "train_stage1": {"threads": 56, "gpus": 8, "nodes": 2},
+        "evaluate": {"threads": 1},  # evaluate_stage<n> share it; gpus and nodes default to 0 and 1
+    }
+    costs = accounting(bench, resources, tsv=tmp_path / "acc.tsv", page=tmp_path / "acc.html")
+    by_rule = {c.rule: c for c in costs}
+    assert sorted(by_rule) == ["evaluate_stage1", "prepare_roi", "train_stage1"]
+    prep, train, ev = by_rule["prepare_roi"], by_rule["train_stage1"], by_rule["evaluate_stage1"]
+    assert (prep.jobs, prep.stage, prep.wall_h, prep.cpu_h, prep.gpu_h) == (2, "data", 0.3, 0.6, 0.0)
+    assert (train.stage, train.gpus, train.wall_h, train.cpu_h, train.gpu_h) == ("stage1", 16, 0.5, 28.0, 8.0)
+    assert (ev.stage, ev.threads, ev.wall_h, ev.gpu_h) == ("stage1", 1, 0.01, 0.0)
+    rows = list(csv.DictReader(open(tmp_path / "acc.tsv"), delimiter="\t"))
+    stage1 = next(r for r in rows if r["rule"] == "(all rules)" and r["stage"] == "stage1")
+    assert (stage1["wall_s"], stage1["gpu_h"], stage1["cpu_h"]) == ("1836.00", "8.0000", "28.0100")
+    total = rows[-1]
+    assert (total["rule"], total["jobs"], total["wall_s"], total["cpu_time_h"]) == ("(total)", "4", "2916.00", "0.5278")
+    assert "<td>8.0000</td>" in (tmp_path / "acc.html").read_text()
+
+
+def test_accounting_counts_a_rule_without_resources_as_one_thread_and_names_it(tmp_path):
+    _bench(tmp_path / "b/wind_cache", "x", 7200)
+    (cost,) = accounting(tmp_path / "b", {}, tsv=tmp_path / "a.tsv", page=tmp_path / "a.html")
+    assert (cost.rule, cost.stage, cost.threads, cost.cpu_h, cost.gpu_h, cost.assumed) == ("wind_cache", "data", 1, 2.0, 0.0, True)
+    assert "No resources entry for wind_cache" in (tmp_path / "a.html").read_text()
+
+
+def test_accounting_names_a_bad_benchmark_file(tmp_path):
+    (tmp_path / "c/synth_raw").mkdir(parents=True)
+    (tmp_path / "c/synth_raw/synth_raw.tsv").write_text("wall\n1\n")
+    with pytest.raises(BadInputError, match=r"synth_raw.tsv: not a snakemake benchmark file"):
+        accounting(tmp_path / "c", {"synth_raw": {"threads": 1}}, tsv=tmp_path / "a.tsv", page=tmp_path / "a.html")
+    assert not (tmp_path / "a.tsv").exists()
+
+
+def test_resources_of_falls_back_to_the_rule_family():
+    resources = {"evaluate": {"threads": 1}, "train_stage0": {"threads": 2}}
+    assert resources_of("evaluate_stage3", resources) == {"threads": 1}
+    assert resources_of("train_stage0", resources) == {"threads": 2}
+    assert resources_of("wind_cache", resources) is None
+
+
+def test_evaluation_tables_show_means_and_classes_of_every_stage(tmp_path):
+    method = {"mean": {"psnr": 31.234, "ssim": 0.9, "sam": 5.0, "mae": 0.02, "rmse": 0.03},
+              "by_class": {"thick": {"psnr": 29.5, "samples": 2}}}  # fmt: skip
+    for stage in (0, 1):
+        report = {"stage": stage, "store": "test.zarr", "protocols": {"fixed": {
+            "samples": 2, "model": method, "least_cloudy_date": method, "median_mosaic": method}}}  # fmt: skip
+        (tmp_path / f"stage{stage}.json").write_text(json.dumps(report))
+    evaluation_tables([tmp_path / "stage0.json", tmp_path / "stage1.json"], tmp_path / "eval.html")
+    page = (tmp_path / "eval.html").read_text()
+    assert "<h2>stage 0</h2>" in page and "<h2>stage 1</h2>" in page
+    assert "<td class=l>fixed</td><td class=l>model</td><td>2</td><td>31.23</td>" in page
+    assert "<td class=l>thick</td><td>2</td><td>29.50</td>" in page
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(BadInputError, match="bad.json: not an evaluation report"):
+        evaluation_tables([tmp_path / "bad.json"], tmp_path / "eval.html")
+
+
+def test_cli_accounting_rejects_resources_that_are_not_json(tmp_path, capsys):
+    from vcloud.cli import main
+
+    status = main(["accounting", "--benchmarks", str(tmp_path), "--resources", "{not json",
+                   "--tsv", str(tmp_path / "a.tsv"), "--html", str(tmp_path / "a.html")])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and err.startswith("vcloud accounting: error: --resources: not a JSON object")
+    assert len(err.splitlines()) == 1

@@ -1,0 +1,23 @@
+"""Running snakemake through its command line on the small test configuration (shared helpers)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile")]
+
+SMALL = {
+    "data": {"patch_size": 32},
+    "synthetic": {"patches": 2},
+    "model_config": str(ROOT / "tests/workflow/tiny_models.yaml"),
+}
+
+
+def run(args, cwd, check=True):
+    proc = subprocess.run([*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
