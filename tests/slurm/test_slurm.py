@@ -49,6 +49,10 @@ SLURM_CONFIG = {
         "train_stage2": {"runtime": 32, **GPU},
         "train_stage3": {"runtime": 33, **GPU},
         "evaluate": {"runtime": 25, **dict(GPU, partition="dev-g")},
+        "export_viewer": {"runtime": 16, "mem_mb": 1500, "threads": 1, "partition": "small"},
+        "report_curves": {"runtime": 11, "mem_mb": 1000, "threads": 1, "partition": "small"},
+        "report_tables": {"runtime": 12, "mem_mb": 1000, "threads": 1, "partition": "small"},
+        "accounting": {"runtime": 13, "mem_mb": 1000, "threads": 1, "partition": "small"},
     },
 }
 
@@ -108,7 +112,8 @@ def test_every_rule_ran_as_a_slurm_job_with_its_configured_request(slurm_run):
     jobs = job_rules(work)
     ran = sorted(jobs.values())
     expected = (["assemble_split"] * 3 + [f"evaluate_stage{n}" for n in range(4)]
-                + ["prepare_roi"] * 4 + ["synth_raw"] + [f"train_stage{n}" for n in range(4)])
+                + ["prepare_roi"] * 4 + ["synth_raw"] + [f"train_stage{n}" for n in range(4)]
+                + ["export_viewer", "report_curves", "report_tables", "accounting"])
     assert ran == sorted(expected), ran
     for job_id, rule in jobs.items():
         acct = sacct(job_id)
