@@ -207,3 +207,21 @@ def test_train_sets_env_before_torch_is_imported(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert "torch imported before env: False" in out.stdout
     assert out.returncode == 2 and "missing.yaml" in out.stderr
+
+
+def test_image_requirements_cover_the_package_dependencies():
+    """containers/ installs every runtime dependency the CSC image lacks (not torch/numpy,
+    which are the image's own, nor snakemake, which runs on the host)."""
+    import re
+    import tomllib
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    wanted = {re.split(r"[<>=\[ ]", d)[0].lower() for d in deps}
+    wanted -= {"torch", "numpy", "snakemake", "snakemake-executor-plugin-slurm"}
+    lines = (REPO / "containers" / "requirements-image.txt").read_text().splitlines()
+    listed = {re.split(r"[<>=\[ ]", x)[0].lower() for x in lines if x.strip() and not x.startswith("#")}
+    assert wanted <= listed, sorted(wanted - listed)
+    assert "torch" not in listed
+    definition = (REPO / "containers" / "vcloud.def").read_text()
+    assert "pytorch_2.5.1_lumi_rocm6.2.4_flash-attn-3.0.0.post1.sif" in definition
+    assert "--no-deps" in definition and "--rocm" not in definition
