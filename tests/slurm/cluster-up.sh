@@ -67,7 +67,9 @@ skip() {
     say "$*"
     exit 77
 }
-trap 'die "unexpected failure (line $LINENO: $BASH_COMMAND)"' ERR
+# Only the main shell reports: a failure inside $(...) already fails the command
+# that uses it, which is reported then.
+trap '[[ $BASHPID == "$$" ]] && die "unexpected failure (line $LINENO: $BASH_COMMAND)"' ERR
 
 # wait_until SECONDS CMD...: poll CMD every 0.2 s until it succeeds; false on timeout.
 wait_until() {
@@ -130,7 +132,7 @@ daemon_pid() {
             return 0
         fi
     fi
-    for pid in $(pgrep -x "$name"); do
+    for pid in $(pgrep -x "$name" || true); do
         if alive "$pid"; then
             echo "$pid"
             return 0
@@ -152,7 +154,7 @@ stop_daemon() {
         done
     done
     if ((${#pids[@]})) && ! wait_until 30 all_gone "${pids[@]}"; then
-        left=$(for pid in "${pids[@]}"; do alive "$pid" && echo -n "$pid "; done)
+        left=$(for pid in "${pids[@]}"; do if alive "$pid"; then echo -n "$pid "; fi; done)
         say "pids $left ignored SIGTERM for 30 s, killing them"
         kill -KILL $left 2>/dev/null || true
         wait_until 5 all_gone $left || die "could not stop pids $left"
@@ -455,11 +457,11 @@ ensure_accounting() {
     local list a missing=0
     for a in "${ACCOUNTS[@]}"; do grep -qx "$a" <<<"$ROOT_ACCOUNTS" || missing=1; done
     ((missing)) || return 0 # the usual case: all there
-    list=$(sacctmgr -n -P list cluster format=cluster)
+    list=$(sacctmgr -n -P list cluster format=cluster) || die "sacctmgr list cluster failed, see $LOG_DIR/slurmdbd.log"
     if ! grep -qx "$CLUSTER" <<<"$list"; then
         sacctmgr -i add cluster "$CLUSTER" >/dev/null || die "sacctmgr could not add cluster $CLUSTER"
     fi
-    list=$(sacctmgr -n -P list account format=account)
+    list=$(sacctmgr -n -P list account format=account) || die "sacctmgr list account failed, see $LOG_DIR/slurmdbd.log"
     for a in "${ACCOUNTS[@]}"; do
         if ! grep -qx "$a" <<<"$list"; then
             sacctmgr -i add account "$a" cluster="$CLUSTER" description="vcloud test" organization=vcloud >/dev/null ||
@@ -519,7 +521,7 @@ start_slurmd() {
 }
 
 # Compact node state as sinfo prints it (%t): idle, mix, alloc, drain, down*, ...
-node_state() { sinfo -h -N -n "$HOST" -o %t 2>/dev/null | head -n1; }
+node_state() { { sinfo -h -N -n "$HOST" -o %t 2>/dev/null || true; } | head -n1; }
 
 # Wait for the node to be usable; resume it when drained or down (e.g. by an
 # earlier attempt with another config, or slurmd restarts). "*" = not responding yet.
@@ -556,7 +558,7 @@ quick_check() {
     [[ -n ${ROOT_ACCOUNTS:-} ]] || slurmdbd_ok || die "slurmdbd is not answering, see $LOG_DIR/slurmdbd.log"
     local p line
     for p in "${PARTITIONS[@]}"; do
-        line=$(sinfo -h -p "$p" -o '%R %a %t' 2>/dev/null | head -n1)
+        line=$({ sinfo -h -p "$p" -o '%R %a %t' 2>/dev/null || true; } | head -n1)
         [[ -n $line ]] || die "partition $p missing from sinfo"
         read -r _ avail state <<<"$line"
         [[ $avail == up ]] || die "partition $p is $avail"
