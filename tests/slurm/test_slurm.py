@@ -69,10 +69,15 @@ def slurm_cluster():
 
 
 def sacct(job_id: str) -> dict[str, str]:
-    out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o",
-                          "State,Partition,Timelimit,AllocTRES,Account,NNodes"],
-                         capture_output=True, text=True, check=True).stdout.strip()
-    state, partition, limit, tres, account, nodes = out.splitlines()[0].split("|")
+    # Right after a short job ends, slurmdbd may not have its partition and limit yet.
+    for _ in range(20):
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o",
+                              "State,Partition,Timelimit,AllocTRES,Account,NNodes"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        state, partition, limit, tres, account, nodes = out.splitlines()[0].split("|")
+        if partition and limit:
+            break
+        time.sleep(0.5)
     return {"state": state, "partition": partition, "timelimit": limit, "tres": tres,
             "account": account, "nodes": nodes}
 
