@@ -331,15 +331,21 @@ class ModelSetConfig:
     stage3: Stage3Config
 
 
+def read_yaml(path: Path, *, missing: str = "no such file"):
+    """The YAML document in path; ConfigError naming the file when absent or unparsable."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: {missing}")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+
+
 def load_model_config(path: Path) -> ModelSetConfig:
     """Read and check a config/models/*.yaml file; errors name the file and the key."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: model configuration file not found")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    data = read_yaml(path, missing="model configuration file not found")
     try:
         return _from_dict(ModelSetConfig, data, "")
     except ConfigError as err:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from vcloud.config import fill_defaults, validate_config
+from vcloud.config import fill_defaults, read_yaml, validate_config
 from vcloud.errors import ConfigError
 from vcloud.runtime.lumi import Cluster
 
@@ -47,13 +47,7 @@ def load_workflow_config(*overlays: Path) -> dict:
 
 
 def _read(path: Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such config file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    data = read_yaml(path, missing="no such config file")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     return data
