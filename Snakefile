@@ -2,20 +2,27 @@
 # Laptop: `snakemake --cores all` (embedded default config, synthetic data, CPU).
 from snakemake.utils import min_version
 
-from vcloud.config import fill_defaults, validate_config
+from vcloud.config import fill_defaults, fill_missing, validate_config
 
 min_version("9.0")
 
+# This repository, also when the workflow is used as a module from another directory
+# (workflow.basedir is then the using workflow's folder).
+VCLOUD_ROOT = workflow.current_basedir
 
-configfile: f"{workflow.basedir}/config/config.yaml"
+
+configfile: f"{VCLOUD_ROOT}/config/config.yaml"
 
 
 report: "workflow/report/workflow.rst"
 
 
+# Used as a module, the caller's config holds only what it changes (snakemake ignores the
+# configfile above then): the embedded defaults fill the rest.
+fill_missing(config, f"{VCLOUD_ROOT}/config/config.yaml")
 # One line naming the offending key, before any rule is built.
-validate_config(config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
-fill_defaults(config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
+validate_config(config, f"{VCLOUD_ROOT}/workflow/schemas/config.schema.yaml")
+fill_defaults(config, f"{VCLOUD_ROOT}/workflow/schemas/config.schema.yaml")
 
 
 include: "workflow/rules/common.smk"

@@ -42,6 +42,24 @@ def validate_config(config: dict, schema_path: Path, *, source: str = "config") 
     raise ConfigError(f"{source}: {message}{more}")
 
 
+def fill_missing(config: dict, defaults_path: Path) -> dict:
+    """Add every key of the YAML file `defaults_path` that `config` lacks, recursively, in place.
+
+    Snakemake ignores a module's own `configfile:`, so a workflow that uses vcloud as a module
+    passes only the keys it changes; the rest come from config/config.yaml as in a plain run.
+    """
+
+    def merge(target: dict, defaults: dict) -> None:
+        for key, value in defaults.items():
+            if key not in target:
+                target[key] = value
+            elif isinstance(target[key], dict) and isinstance(value, dict):
+                merge(target[key], value)
+
+    merge(config, read_yaml(defaults_path) or {})
+    return config
+
+
 def fill_defaults(config: dict, schema_path: Path) -> dict:
     """Set every schema `default` missing from config, in place (after validate_config)."""
     import jsonschema

@@ -46,3 +46,17 @@ def test_bad_roi_name_and_policy_are_named(config):
     with pytest.raises(ConfigError, match=r"data\.on_bad_image"):
         validate_config(config, SCHEMA)
 
+
+
+def test_fill_missing_adds_only_absent_keys_recursively(tmp_path):
+    from vcloud.config import fill_missing
+
+    defaults = tmp_path / "defaults.yaml"
+    defaults.write_text("data: {times: 30, patch_size: 64, splits: {test: [a], val: [b]}}\nviewer: {samples: 12}\n")
+    config = {"data": {"patch_size": 32, "splits": {"test": [c := "x"]}}, "extra": None}
+    fill_missing(config, defaults)
+    assert config == {
+        "data": {"times": 30, "patch_size": 32, "splits": {"test": [c], "val": ["b"]}},
+        "viewer": {"samples": 12},
+        "extra": None,
+    }

@@ -85,7 +85,7 @@ def get_model_config():
     """config.model_config, relative to the working directory or else to this repository."""
     path = Path(config["model_config"])
     if not path.is_absolute() and not path.exists():
-        path = Path(workflow.basedir) / path
+        path = Path(VCLOUD_ROOT) / path
     return str(path)
 
 
