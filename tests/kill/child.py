@@ -2,7 +2,7 @@
 
     python -m tests.kill.child POINT N SECONDS -- <vcloud train arguments>
 
-POINT is where to die, at its N-th occurrence: save_mid (inside torch.save, half a file
+POINT is where to die, at its N-th occurrence (with KILL_GROUP=1 the whole process group dies, e.g. snakemake): save_mid (inside torch.save, half a file
 written), before_rename / after_rename (either side of an os.replace: checkpoints, metrics),
 validation (entering validation), metrics (entering the metrics.jsonl write), timer (after
 SECONDS of wall time from the start of training), none. Nothing here is known to the trainer:
@@ -18,6 +18,8 @@ import threading
 
 
 def die() -> None:
+    if os.environ.get("KILL_GROUP") == "1":  # the whole process group: snakemake and its jobs
+        os.killpg(os.getpgrp(), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -87,12 +89,29 @@ def install(point: str, n: int, seconds: float) -> None:
         raise SystemExit(f"unknown point {point}")
 
 
+def fix_validation_scores(scores: str) -> None:
+    """VAL_PSNR_BY_EPOCH="1,3,2": the validation PSNR of each epoch (where the best falls)."""
+    from vcloud.train import trainer
+
+    by_epoch = [float(v) for v in scores.split(",")]
+    real_validate = trainer.Trainer._validate
+
+    def validate(self):
+        metrics = real_validate(self)
+        metrics["val_psnr"] = by_epoch[self.epoch]
+        return metrics
+
+    trainer.Trainer._validate = validate
+
+
 def main() -> int:
     point, n, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     assert sys.argv[4] == "--"
     import torch
 
     torch.set_num_threads(1)  # identical arithmetic in every process, and fair to a busy machine
+    if os.environ.get("VAL_PSNR_BY_EPOCH"):
+        fix_validation_scores(os.environ["VAL_PSNR_BY_EPOCH"])
     install(point, n, seconds)
     from vcloud.cli import main as vcloud
 
