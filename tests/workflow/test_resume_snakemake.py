@@ -33,9 +33,9 @@ def models_config() -> dict:
     return config
 
 
-def write_shim(folder) -> None:
+def write_shim(folder, *, kill_group: bool = True) -> None:
     """`vcloud` on PATH: stage 1 validates to PSNR 1, 3, 2 (the best is epoch 1 of 3) and, while
-    the file KILL exists, dies with its snakemake when entering its 3rd validation."""
+    the file KILL exists, dies (with its snakemake when kill_group) entering its 3rd validation."""
     folder.mkdir()
     shim = folder / "vcloud"
     child = f"VAL_PSNR_BY_EPOCH=1,3,2 exec {sys.executable} -m tests.kill.child"
@@ -43,7 +43,7 @@ def write_shim(folder) -> None:
         "#!/bin/sh\n"
         'if [ "$1" = train ] && [ "$3" = 1 ]; then\n'
         '  shift\n'
-        f'  if [ -e "$KILL" ]; then rm "$KILL"; KILL_GROUP=1 {child} validation 3 0 -- "$@"; fi\n'
+        f'  if [ -e "$KILL" ]; then rm "$KILL"; KILL_GROUP={int(kill_group)} {child} validation 3 0 -- "$@"; fi\n'
         f'  {child} none 0 0 -- "$@"\n'
         "fi\n"
         f'exec {sys.executable} -m vcloud.cli "$@"\n'
