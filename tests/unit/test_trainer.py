@@ -317,3 +317,18 @@ def test_tensorboard_off_with_one_key(tiny_store, tmp_path):
     _trainer(tiny_store, tmp_path, epochs=1, tensorboard=False).fit()
     assert not (tmp_path / "tensorboard").exists()
     assert len(_rows(tmp_path)) == 1
+
+
+def test_partial_epoch_sums_survive_a_change_of_world_size():
+    import types
+
+    partial = {"world_size": 2, "per_rank": [[1.5, 3.0, 6.0, 0.1, 2.0], [2.5, 3.0, 6.0, 0.2, 3.0]]}
+
+    def restore(rank, world):
+        env = DistEnv(rank=rank, world_size=world, local_rank=rank, master_addr="", master_port=0, source="single")
+        fake = types.SimpleNamespace(env=env, partial=dict(partial), step_in_epoch=3)
+        return Trainer._restore_partial(fake)
+
+    assert restore(1, 2) == (2.5, 3, 6, 0.2, 3.0)  # same world: each rank its own sums
+    assert restore(0, 1) == (4.0, 6, 12, pytest.approx(0.3), 3.0)  # fewer ranks: rank 0 carries all
+    assert restore(1, 4) == (0.0, 0, 0, 0.0, 0.0)
