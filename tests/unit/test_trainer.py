@@ -43,7 +43,7 @@ def _task(store, *, hook=None):
 
 
 def _trainer(store, out, *, epochs=3, hook=None, config_hash="h1", **train):
-    cfg = TrainConfig(epochs=epochs, batch_size=2, lr=1e-2, seed=0, **train)
+    cfg = TrainConfig(**{"epochs": epochs, "batch_size": 2, "lr": 1e-2, "seed": 0, **train})
     return Trainer(
         _task(store, hook=hook), train_cfg=cfg, data_cfg=DATA, out_dir=out, config_hash=config_hash,
         config={"test": True}, env=SINGLE, device="cpu", progress=False,
@@ -117,7 +117,7 @@ def test_crash_during_checkpoint_write_resumes_from_the_previous_one(tiny_store,
         _trainer(tiny_store, tmp_path).fit()
     monkeypatch.setattr(torch, "save", real_save)
     assert ckpt.load_checkpoint(tmp_path / "latest.pt")["epoch"] == 1  # the complete one survived
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "latest.pt", "metrics.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "latest.pt", "metrics.jsonl", "tensorboard"]
     _trainer(tiny_store, tmp_path).fit()
     _assert_same(_weights(tmp_path / "latest.pt"), _weights(reference / "latest.pt"))
 
@@ -184,3 +184,151 @@ def test_multiprocessing_loader_options_only_with_workers(tiny_store):
     assert workers["prefetch_factor"] == 4 and workers["multiprocessing_context"] == "spawn"
     batches = list(DataLoader(ClearImages(tiny_store, length=4, clear_max_cover=1.01), **workers))
     assert sum(len(b["target"]) for b in batches) == 4  # workers open the store themselves
+
+
+def _rows(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _stop_at(step, signum=signal.SIGUSR1):
+    calls = {"n": 0}
+
+    def hook(value):
+        calls["n"] += 1
+        if calls["n"] == step:
+            os.kill(os.getpid(), signum)
+        return value
+
+    return hook
+
+
+def test_interrupted_epoch_logs_the_loss_of_all_its_steps(tiny_store, reference, tmp_path):
+    with pytest.raises(StopRequested, match="SIGTERM"):
+        _trainer(tiny_store, tmp_path, hook=_stop_at(5, signal.SIGTERM)).fit()  # epoch 1, step 2 of 3
+    assert [row["epoch"] for row in _rows(tmp_path)] == [0]
+    _trainer(tiny_store, tmp_path).fit()
+    rows, ref = _rows(tmp_path), _rows(reference)
+    assert [row["loss"] for row in rows] == [row["loss"] for row in ref]  # exactly, not post-resume only
+    assert [row["val_psnr"] for row in rows] == [row["val_psnr"] for row in ref]
+
+
+def _best_at_epoch_1(trainer):
+    """Validation scores per epoch 1, 3, 2, 1: the best weights are those of epoch 1 of 4."""
+    real = trainer.task.validate
+
+    def validate(model, batch):
+        metrics = real(model, batch)
+        metrics["psnr"] = torch.full_like(metrics["psnr"], (1.0, 3.0, 2.0, 1.0)[trainer.epoch])
+        return metrics
+
+    trainer.task.validate = validate
+    return trainer
+
+
+def test_best_pt_deleted_by_snakemake_after_an_interruption_is_recreated(tiny_store, tmp_path):
+    """The field case: best at an early epoch, killed late, snakemake removes the incomplete best.pt."""
+    reference = tmp_path / "reference"
+    _best_at_epoch_1(_trainer(tiny_store, reference, epochs=4)).fit()
+    ref_best = ckpt.load_checkpoint(reference / "best.pt")
+    assert ref_best["epoch"] == 2 and ref_best["best_value"] == 3.0
+    out = tmp_path / "run"
+    with pytest.raises(StopRequested):
+        _best_at_epoch_1(_trainer(tiny_store, out, epochs=4, hook=_stop_at(11))).fit()  # epoch 3 of 4
+    (out / "best.pt").unlink()  # what snakemake does to an incomplete job's output
+    _best_at_epoch_1(_trainer(tiny_store, out, epochs=4)).fit()
+    best = ckpt.load_checkpoint(out / "best.pt")
+    assert best["epoch"] == ref_best["epoch"] and best["best_value"] == ref_best["best_value"]
+    _assert_same(best["model"], ref_best["model"])
+    assert ckpt.load_checkpoint(out / "latest.pt")["finished"]
+    # Today's contract stays: once finished, a deleted best.pt means "train this stage again".
+    (out / "best.pt").unlink()
+    with pytest.raises(StopRequested):
+        _best_at_epoch_1(_trainer(tiny_store, out, epochs=4, hook=_stop_at(2))).fit()
+    assert ckpt.load_checkpoint(out / "latest.pt")["epoch"] == 0  # started from scratch
+
+
+def test_finished_stage_repairs_its_metrics_and_best_without_training(tiny_store, reference, tmp_path):
+    import shutil
+
+    shutil.copytree(reference, tmp_path / "run")
+    lines = (tmp_path / "run/metrics.jsonl").read_text().splitlines()
+    (tmp_path / "run/metrics.jsonl").write_text("\n".join(lines[:1]) + "\n")  # killed before the rewrite
+    before = (tmp_path / "run/latest.pt").stat().st_mtime_ns
+    _trainer(tiny_store, tmp_path / "run").fit()
+    assert (tmp_path / "run/latest.pt").stat().st_mtime_ns == before  # no training
+    assert (tmp_path / "run/metrics.jsonl").read_text().splitlines() == lines
+
+
+def test_second_run_on_the_same_folder_is_refused(tiny_store, tmp_path):
+    from vcloud.train.lock import LockHeld, OutputLock
+
+    with OutputLock(tmp_path):
+        with pytest.raises(LockHeld, match=f"{tmp_path}: another training run holds this folder"):
+            _trainer(tiny_store, tmp_path, epochs=1).fit()
+    assert not (tmp_path / "latest.pt").exists()
+
+
+def test_leftover_temp_files_of_killed_writes_are_removed(tiny_store, tmp_path):
+    tmp_path.mkdir(exist_ok=True)
+    leftovers = [tmp_path / ".latest.pt.tmp-999999", tmp_path / ".metrics.jsonl.tmp-12"]
+    for path in leftovers:
+        path.write_bytes(b"half")
+    (tmp_path / "notes.tmp-1").write_text("not ours")  # no leading dot: not a temp file of ours
+    _trainer(tiny_store, tmp_path, epochs=1).fit()
+    assert not any(path.exists() for path in leftovers)
+    assert (tmp_path / "notes.tmp-1").exists()
+
+
+def test_another_stages_checkpoint_is_refused_not_overwritten(tiny_store, tmp_path):
+    from vcloud.errors import BadInputError
+
+    other = {**ckpt.checkpoint_meta(stage=1, config_hash="h1"), "finished": False, "model": {}}
+    ckpt.save_checkpoint(tmp_path / "latest.pt", other)
+    before = (tmp_path / "latest.pt").read_bytes()
+    with pytest.raises(BadInputError, match=r"latest.pt: holds a stage 1 checkpoint, but this run trains stage 0"):
+        _trainer(tiny_store, tmp_path, epochs=1).fit()
+    assert (tmp_path / "latest.pt").read_bytes() == before
+    assert not (tmp_path / ".train.lock").exists()
+
+
+def test_nan_before_any_checkpoint_names_none(tiny_store, tmp_path):
+    with pytest.raises(TrainingDiverged, match="step 0: loss is nan; stopped, no checkpoint was written yet$"):
+        _trainer(tiny_store, tmp_path, hook=lambda value: value * float("nan")).fit()
+
+
+def _scalars(folder, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return [(event.step, event.value) for event in events.Scalars(tag)]
+
+
+def test_tensorboard_has_each_epoch_once_after_a_resume(tiny_store, reference, tmp_path):
+    with pytest.raises(StopRequested):
+        _trainer(tiny_store, tmp_path, hook=_stop_at(7)).fit()
+    _trainer(tiny_store, tmp_path).fit()
+    expected = [(row["epoch"], pytest.approx(row["loss"])) for row in _rows(reference)]
+    assert _scalars(tmp_path / "tensorboard", "train/loss") == expected
+    assert [step for step, _ in _scalars(tmp_path / "tensorboard", "val/psnr")] == [0, 1, 2]
+
+
+def test_tensorboard_off_with_one_key(tiny_store, tmp_path):
+    _trainer(tiny_store, tmp_path, epochs=1, tensorboard=False).fit()
+    assert not (tmp_path / "tensorboard").exists()
+    assert len(_rows(tmp_path)) == 1
+
+
+def test_partial_epoch_sums_survive_a_change_of_world_size():
+    import types
+
+    partial = {"world_size": 2, "per_rank": [[1.5, 3.0, 6.0, 0.1, 2.0], [2.5, 3.0, 6.0, 0.2, 3.0]]}
+
+    def restore(rank, world):
+        env = DistEnv(rank=rank, world_size=world, local_rank=rank, master_addr="", master_port=0, source="single")
+        fake = types.SimpleNamespace(env=env, partial=dict(partial), step_in_epoch=3)
+        return Trainer._restore_partial(fake)
+
+    assert restore(1, 2) == (2.5, 3, 6, 0.2, 3.0)  # same world: each rank its own sums
+    assert restore(0, 1) == (4.0, 6, 12, pytest.approx(0.3), 3.0)  # fewer ranks: rank 0 carries all
+    assert restore(1, 4) == (0.0, 0, 0, 0.0, 0.0)
