@@ -16,10 +16,10 @@ which a wind-scanning model picks its scan sector.
 
 With `raw=True` (training) a sample carries the images as stored - S2 as int16 bits of the
 uint16 reflectance, S1 in dB, the cloud probability as uint8 - and `finish_batch` normalises
-the whole batch where it lands (the accelerator) into exactly the layout and values of
-`raw=False`: normalising 17 images in numpy costs a loader process about as much as reading
-and decompressing them; on the device it costs nothing. Only the target date, which gets the
-synthetic cloud, is normalised here.
+the whole batch where it lands (the accelerator) and blends the synthetic cloud (simulated in
+the worker, from the sample's seed) into the target date, giving exactly the layout and values
+of `raw=False`: normalising 17 images in numpy costs a loader process about as much as reading
+and decompressing them; on the device it costs nothing.
 """
 
 from __future__ import annotations
@@ -141,28 +141,26 @@ class CloudySamples(_StoreSamples):
         ys, xs = self._window(rng)
         images = self.reader.read_raw(location, dates)
         s2 = images.s2[:, :, ys, xs]  # (T, 13, h, w) uint16
-        truth = normalise_s2(s2[target_index])  # (13, h, w)
-        opacity, shadow = cloudsim.simulate(rng, truth.shape[1:], kind)
-        clouded = cloudsim.apply(truth, opacity, shadow)
+        opacity, shadow = cloudsim.simulate(rng, s2.shape[2:], kind)
         s1, prob = images.s1[:, :, ys, xs], images.cloud_prob[:, ys, xs]
         days = _days(self.reader.date_s2[location, dates], target_index)
-        if self.raw:
+        if self.raw:  # the cloud is put on the target on the device too (finish_batch)
             item = {
                 "s2_raw": _bits(s2), "s1_raw": torch.from_numpy(np.ascontiguousarray(s1)),
                 "prob_raw": torch.from_numpy(np.ascontiguousarray(prob)),
-                "target_input": torch.from_numpy(np.ascontiguousarray(clouded, dtype=np.float32)),
-                # the synthetic cloud's opacity stands in for s2cloudless
                 "target_prob": torch.from_numpy(np.ascontiguousarray(opacity, dtype=np.float32)),
+                "target_shadow": torch.from_numpy(np.ascontiguousarray(shadow, dtype=np.float32)),
                 "days": days, "target_index": torch.tensor(target_index),
             }  # fmt: skip
         else:
             s2 = normalise_s2(s2)
-            s2[target_index] = clouded
+            truth = s2[target_index].copy()
+            s2[target_index] = cloudsim.apply(truth, opacity, shadow)
             prob = _probability(prob)
             prob[target_index] = opacity  # the synthetic cloud's opacity stands in for s2cloudless
             item = _stack(s2, normalise_s1(s1), prob, self.reader.date_s2[location, dates], target_index)
+            item["target"] = torch.from_numpy(np.ascontiguousarray(truth))
         item["wind"] = torch.from_numpy(self.reader.wind[location, target_t])
-        item["target"] = torch.from_numpy(np.ascontiguousarray(truth))
         item["cloud_class"] = torch.tensor(CLOUD_CLASSES.index(kind))
         item["location"] = torch.tensor(location)
         return item
@@ -247,7 +245,8 @@ def finish_batch(batch: dict) -> dict:
     """A `raw=True` batch -> the `raw=False` layout and values, on the batch's device.
 
     x (B, T, 16, H, W) = 13 S2 + 2 S1 + cloud probability; the target slot holds the clouded
-    image and the synthetic opacity; target_s1 / target_prob are the target slot's S1 and
+    image (the cloud simulated in the worker, blended here) and the synthetic opacity; target =
+    the clear image; target_s1 / target_prob are the target slot's S1 and
     probability. A batch already normalised (no raw keys) is returned as it is.
     """
     if "target_raw" in batch:
@@ -262,11 +261,21 @@ def finish_batch(batch: dict) -> dict:
     prob = torch.where(raw_prob == 255, 1.0, raw_prob.to(torch.float32) / CLOUD_PROB_SCALE)  # (B, T, H, W)
     rows = torch.arange(s2.shape[0], device=s2.device)
     slot = batch["target_index"].to(s2.device)
-    s2[rows, slot] = batch["target_input"].to(s2.dtype)
-    prob[rows, slot] = batch["target_prob"].to(prob.dtype)
+    truth = s2[rows, slot]  # (B, 13, H, W) the clear target, a copy
+    opacity, shadow = batch["target_prob"], batch["target_shadow"]  # (B, H, W)
+    s2[rows, slot] = _apply_cloud(truth, opacity, shadow)
+    prob[rows, slot] = opacity
     x = torch.cat([s2, s1, prob[:, :, None]], dim=2)
-    rest = {k: v for k, v in batch.items() if k not in ("s2_raw", "s1_raw", "prob_raw", "target_input")}
-    return {**rest, "x": x, "target_s1": s1[rows, slot], "target_prob": prob[rows, slot]}
+    rest = {k: v for k, v in batch.items() if k not in ("s2_raw", "s1_raw", "prob_raw", "target_shadow")}
+    return {**rest, "x": x, "target": truth, "target_s1": s1[rows, slot], "target_prob": prob[rows, slot]}
+
+
+def _apply_cloud(s2: torch.Tensor, opacity: torch.Tensor, shadow: torch.Tensor) -> torch.Tensor:
+    """cloudsim.apply on a batch (B, 13, H, W), the same float32 operations in the same order."""
+    spectrum = torch.from_numpy(cloudsim.CLOUD_SPECTRUM).to(s2.device)[None, :, None, None]
+    shade = 1.0 - 0.5 * shadow
+    cloudy = s2 * ((1.0 - opacity) * shade)[:, None] + spectrum * opacity[:, None]
+    return cloudy.clamp(0.0, 1.0)
 
 
 class EpochConcat(Dataset):
