@@ -1,5 +1,10 @@
 """The prepared store: an xarray Dataset in zarr v3, one chunk per (location, time) image.
 
+Format 2: the image variables (s2, s1, cloud_prob) are sharded, one shard file per location
+holding one inner chunk per date, each chunk with a crc32c checksum (read and verified by
+shards.py); every other variable is one chunk for the whole store. So a location costs three
+files. A split store hard-links the per-ROI shards (`assemble`): one copy of the pixels.
+
 Dims: location, time, band_s2 (13), band_s1 (2), y, x, and gt (6) for the geotransform.
 
 | variable       | dims                               | dtype (on disk)  | meaning                           |
