@@ -59,6 +59,17 @@ def _cmd_assemble(args: argparse.Namespace) -> None:
     assemble(args.stores, args.out)
 
 
+def _cmd_verify(args: argparse.Namespace) -> None:
+    from vcloud.data.shards import DamagedStoreError, verify
+
+    problems = verify(args.store)
+    for line in problems:
+        print(line)
+    if problems:
+        raise DamagedStoreError(f"{args.store}: {len(problems)} damaged (listed above); prepare the ROI again")
+    print(f"{args.store}: every chunk reads back and matches its checksum")
+
+
 def _cmd_wind_cache(args: argparse.Namespace) -> None:
     from vcloud.wind.cache import write_cache
 
@@ -208,10 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--opaque-min-cover", type=float, default=defaults.opaque_min_cover)
     p.set_defaults(func=_cmd_prepare)
 
-    p = sub.add_parser("assemble", help="gather per-ROI stores into one split store")
+    p = sub.add_parser("assemble", help="gather per-ROI stores into one split store (shards hard-linked, not copied)")
     p.add_argument("--out", type=Path, required=True, help="FILE.zarr to write")
     p.add_argument("stores", type=Path, nargs="+", help="per-ROI stores")
     p.set_defaults(func=_cmd_assemble)
+
+    p = sub.add_parser("verify", help="read every chunk of a prepared store; list what is damaged")
+    p.add_argument("store", type=Path, help="FILE.zarr (a per-ROI or split store)")
+    p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser("wind-cache", help="precompute the wind-scanner orders into an npz file")
     p.add_argument("--out", type=Path, required=True, help="FILE.npz to write")

@@ -27,5 +27,5 @@ S2CLOUDLESS_KWARGS = {"threshold": 0.4, "all_bands": True, "average_over": 4, "d
 CLOUD_CLASSES: tuple[str, ...] = ("clear", "thin", "thick", "opaque")
 CLOUD_CLASS_MISSING = -1  # cloud_class value of an image that is missing or bad
 
-STORE_FORMAT_VERSION = 1
+STORE_FORMAT_VERSION = 2  # 2: zarr v3 shards (one file per location and image variable), crc32c per chunk
 SPLITS: tuple[str, ...] = ("train", "val", "test")

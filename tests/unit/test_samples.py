@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 import torch
 
+from vcloud.constants import CLOUD_CLASSES
 from vcloud.data import cloudsim
 from vcloud.data.samples import ClearImages, CloudySamples, EpochSampler, UnlabelledSamples, _pick_dates
 
@@ -91,3 +92,71 @@ def test_epoch_concat_passes_the_epoch_to_each_part(tiny_store):
     assert len(both) == 5
     assert torch.equal(both[2 * 5 + 1]["target"], a[2 * 3 + 1]["target"])  # epoch 2, part a
     assert torch.equal(both[2 * 5 + 4]["target"], b[2 * 2 + 1]["target"])  # epoch 2, part b
+
+
+def _old_cloudy_item(ds: CloudySamples, index: int) -> dict:
+    """CloudySamples.__getitem__ as it was before the raw path (legacy zarr reader, numpy)."""
+    from vcloud.data.reader import StoreReader as LegacyReader
+    from vcloud.data.samples import _stack
+
+    reader = LegacyReader(ds.reader.path)
+    rng, epoch = ds._rng(index)
+    location, target_t, dates, target_index, kind = ds._pick(rng, epoch)
+    ys, xs = ds._window(rng)
+    sample = reader.read(location, dates)
+    s2 = sample.s2[:, :, ys, xs]
+    truth = s2[target_index].copy()
+    opacity, shadow = cloudsim.simulate(rng, truth.shape[1:], kind)
+    s2 = s2.copy()
+    s2[target_index] = cloudsim.apply(truth, opacity, shadow)
+    prob = np.nan_to_num(sample.cloud_prob[:, ys, xs], nan=1.0)
+    prob[target_index] = opacity
+    item = _stack(s2, sample.s1[:, :, ys, xs], prob, reader.date_s2[location, dates], target_index)
+    item["wind"] = torch.from_numpy(reader.wind[location, target_t])
+    item["target"] = torch.from_numpy(np.ascontiguousarray(truth))
+    item["cloud_class"] = torch.tensor(CLOUD_CLASSES.index(kind))
+    item["location"] = torch.tensor(location)
+    return item
+
+
+def _assert_same(old: dict, new: dict) -> None:
+    assert set(old) == set(new), (set(old) ^ set(new))
+    for key in old:
+        assert old[key].dtype == new[key].dtype and old[key].shape == new[key].shape, key
+        assert torch.equal(old[key], new[key]) or (
+            torch.isnan(old[key]).any() and torch.equal(old[key].nan_to_num(-7), new[key].nan_to_num(-7))
+        ), key
+
+
+@pytest.mark.parametrize("crop", [None, 16])
+def test_raw_samples_finished_on_the_device_equal_the_old_cpu_samples(tiny_store, crop):
+    from torch.utils.data import default_collate
+
+    from vcloud.data.samples import finish_batch
+
+    kw = dict(dates=3, length=6, seed=4, crop=crop, clear_max_cover=1.01, kinds=("thin", "thick", "opaque"))
+    cpu, raw = CloudySamples(tiny_store, **kw), CloudySamples(tiny_store, raw=True, **kw)
+    indices = range(6, 12)
+    old = [_old_cloudy_item(cpu, i) for i in indices]
+    for i, item in zip(indices, old):
+        _assert_same(item, cpu[i])  # the CPU path is unchanged
+    assert raw[6]["s2_raw"].dtype == torch.int16  # what travels to the device: stored bits
+    _assert_same(default_collate(old), finish_batch(default_collate([raw[i] for i in indices])))
+
+
+def test_raw_clear_images_finished_equal_the_cpu_ones(tiny_store):
+    from torch.utils.data import default_collate
+
+    from vcloud.data.samples import finish_batch
+
+    cpu = ClearImages(tiny_store, length=4, crop=8, clear_max_cover=1.01)
+    raw = ClearImages(tiny_store, length=4, crop=8, clear_max_cover=1.01, raw=True)
+    _assert_same(default_collate([cpu[i] for i in range(4)]), finish_batch(default_collate([raw[i] for i in range(4)])))
+
+
+def test_reflectance_above_int16_survives_the_trip():
+    from vcloud.data.samples import _bits, _reflectance
+    from vcloud.data.store import normalise_s2
+
+    s2 = np.array([[[0, 9999, 10000, 32768, 65535]]], np.uint16)
+    assert torch.equal(_reflectance(_bits(s2)), torch.from_numpy(normalise_s2(s2)))

@@ -3,6 +3,10 @@ import pytest
 
 from vcloud.data.layout import RoiId
 from vcloud.data.prepare import prepare_roi
+import shutil
+from pathlib import Path
+
+from vcloud.data.shards import ShardReader, verify
 from vcloud.data.store import assemble, atomic_output, normalise_s1, normalise_s2, open_store
 from vcloud.errors import BadInputError
 
@@ -38,10 +42,56 @@ def test_assemble_concatenates_locations_in_order_and_round_trips(two_roi_stores
     parts = [open_store(p) for p in two_roi_stores]
     assert list(merged["location"].values) == [loc for ds in parts for loc in ds["location"].values]
     assert list(merged["rois"].values) == ["ROIs1868"] * 2 + ["ROIs1158"] * 2
-    for name in ("s2", "s1", "cloud_prob", "cloud_class", "valid_s2", "date_s2", "transform", "crs"):
+    names = [name for name in merged.variables if "location" in merged[name].dims]
+    assert {"s2", "s1", "cloud_prob", "cloud_class", "valid_s2", "date_s2", "transform", "crs"} <= set(names)
+    for name in names:
         expected = np.concatenate([ds[name].values for ds in parts])
         np.testing.assert_array_equal(merged[name].values, expected, err_msg=name)
     assert merged.attrs["producer"]["options"]["assembled_from"] == [str(p) for p in two_roi_stores]
+    # The loader reads the split as any store: location 2 of the split is location 0 of ROI 2.
+    np.testing.assert_array_equal(ShardReader(out).read(2, [1, 0]).s2, ShardReader(two_roi_stores[1]).read(0, [1, 0]).s2)
+    assert verify(out) == []
+
+
+def _own_bytes(folder, seen):
+    total = 0
+    for f in folder.rglob("*"):
+        st = f.lstat()
+        if f.is_file() and (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_size
+    return total
+
+
+def test_split_is_one_copy_hard_linked_shards(two_roi_stores, tmp_path):
+    out = tmp_path / "train.zarr"
+    assemble(two_roi_stores, out)
+    roi_shards = {(f.stat().st_ino) for p in two_roi_stores for f in p.glob("s[12]/c/**/*") if f.is_file()}
+    split_shards = {f.stat().st_ino for f in out.glob("s[12]/c/**/*") if f.is_file()}
+    assert split_shards == roi_shards  # every pixel shard is the per-ROI file itself
+    seen: set = set()
+    one_copy = sum(_own_bytes(p, seen) for p in two_roi_stores)
+    extra = _own_bytes(out, seen)
+    # Only the metadata and the small tables are new: constant, not per pixel.
+    assert extra < 64 * 1024, extra
+    pixels = sum(f.stat().st_size for p in two_roi_stores for f in p.glob("*/c/**/*") if f.is_file())
+    assert extra < pixels  # (at 256 px x 30 dates the ratio is ~1e-4; see the README)
+
+
+def test_split_survives_moving_the_workflow_and_losing_the_roi_stores(two_roi_stores, tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    rois = work / "results/prepared/rois"
+    rois.mkdir(parents=True)
+    copies = [shutil.copytree(p, rois / p.name) for p in two_roi_stores]
+    monkeypatch.chdir(work)  # as snakemake runs it: relative paths from the working directory
+    assemble([Path("results/prepared/rois") / p.name for p in copies], Path("results/prepared/train.zarr"))
+    expected = open_store(work / "results/prepared/train.zarr")["s2"].values
+    moved = tmp_path / "elsewhere"
+    work.rename(moved)
+    shutil.rmtree(moved / "results/prepared/rois")
+    split = moved / "results/prepared/train.zarr"
+    np.testing.assert_array_equal(open_store(split)["s2"].values, expected)
+    assert verify(split) == []
 
 
 def test_assemble_refuses_duplicates_and_mismatched_sizes(two_roi_stores, tiny_raw_master, tmp_path):

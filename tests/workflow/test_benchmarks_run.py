@@ -22,7 +22,9 @@ def _bench(script, *args, cwd=ROOT):
     ("script", "extra", "keys"),
     [
         ("bench_prepare.py", [], ("prepare_raw_mb_per_s", "read_decode_images_per_s", "prepare_over_floor")),
-        ("bench_loader.py", ["--samples", "2", "--dates", "1"], ("store_samples_per_s", "speedup_vs_reference")),
+        ("bench_loader.py", ["--samples", "2", "--dates", "1", "--workers", "0"],
+         ("read_decompress_floor_samples_per_s", "training_dataset_samples_per_s", "dataloader_samples_per_s",
+          "speedup_vs_reference")),
     ],
 )
 def test_data_benchmarks_print_their_figures(tmp_path, script, extra, keys):

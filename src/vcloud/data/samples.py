@@ -13,6 +13,13 @@ sharding and a resume from a checkpoint, bit for bit.
 
 Cloudy and unlabelled samples carry `wind` (u, v) of the target date (NaN when unknown), from
 which a wind-scanning model picks its scan sector.
+
+With `raw=True` (training) a sample carries the images as stored - S2 as int16 bits of the
+uint16 reflectance, S1 in dB, the cloud probability as uint8 - and `finish_batch` normalises
+the whole batch where it lands (the accelerator) and blends the synthetic cloud (simulated in
+the worker, from the sample's seed) into the target date, giving exactly the layout and values
+of `raw=False`: normalising 17 images in numpy costs a loader process about as much as reading
+and decompressing them; on the device it costs nothing.
 """
 
 from __future__ import annotations
@@ -23,9 +30,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from vcloud.constants import CLOUD_CLASSES, S2CLOUDLESS_KWARGS
+from vcloud.constants import CLOUD_CLASSES, S1_CLIP_DB, S2_CLIP, S2_SCALE, S2CLOUDLESS_KWARGS
 from vcloud.data import cloudsim
-from vcloud.data.reader import StoreReader
+from vcloud.data.shards import ShardReader as StoreReader
+from vcloud.data.store import CLOUD_PROB_SCALE, normalise_s1, normalise_s2
 
 IN_CHANNELS = 16  # per date: 13 S2 + 2 S1 + cloud probability
 
@@ -35,11 +43,12 @@ def _usable(reader: StoreReader) -> np.ndarray:
 
 
 class _StoreSamples(Dataset):
-    def __init__(self, store: Path, *, length: int, seed: int, crop: int | None):
+    def __init__(self, store: Path, *, length: int, seed: int, crop: int | None, raw: bool = False):
         self.reader = StoreReader(store)
         self.length = length
         self.seed = seed
         self.crop = crop
+        self.raw = raw
 
     def __len__(self) -> int:
         return self.length
@@ -60,20 +69,22 @@ class _StoreSamples(Dataset):
 class ClearImages(_StoreSamples):
     """Stage 0: clear S2 images (cloud cover below `clear_max_cover`)."""
 
-    def __init__(self, store, *, length=None, seed=0, crop=None, clear_max_cover=0.05):
+    def __init__(self, store, *, length=None, seed=0, crop=None, clear_max_cover=0.05, raw=False):
         reader = StoreReader(store)
         clear = _usable(reader) & (np.nan_to_num(reader.cloud_cover, nan=1.0) < clear_max_cover)
         self.images = np.argwhere(clear)  # (N, 2) location, time
         if len(self.images) == 0:
             raise ValueError(f"{store}: no clear image (cloud cover < {clear_max_cover}) to train on")
-        super().__init__(store, length=length or len(self.images), seed=seed, crop=crop)
+        super().__init__(store, length=length or len(self.images), seed=seed, crop=crop, raw=raw)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         rng, _ = self._rng(index)
         location, t = self.images[int(rng.integers(len(self.images)))]
         ys, xs = self._window(rng)
-        sample = self.reader.read(int(location), [int(t)])
-        return {"target": torch.from_numpy(np.ascontiguousarray(sample.s2[0][:, ys, xs]))}
+        s2 = self.reader.read_raw(int(location), [int(t)]).s2[0][:, ys, xs]  # (13, h, w) uint16
+        if self.raw:
+            return {"target_raw": _bits(s2)}
+        return {"target": torch.from_numpy(np.ascontiguousarray(normalise_s2(s2)))}
 
 
 class CloudySamples(_StoreSamples):
@@ -92,6 +103,7 @@ class CloudySamples(_StoreSamples):
         mixed_from: float = 0.0,
         all_from: float = 0.0,
         kinds: tuple[str, ...] | None = None,
+        raw: bool = False,
     ):
         reader = StoreReader(store)
         usable = _usable(reader)
@@ -104,7 +116,7 @@ class CloudySamples(_StoreSamples):
         self.epochs = epochs
         self.mixed_from, self.all_from = mixed_from, all_from
         self.kinds = kinds  # fixed kinds (evaluation); None = the curriculum's
-        super().__init__(store, length=length or len(self.targets), seed=seed, crop=crop)
+        super().__init__(store, length=length or len(self.targets), seed=seed, crop=crop, raw=raw)
 
     def kinds_at(self, epoch: int) -> tuple[str, ...]:
         if self.kinds is not None:
@@ -127,17 +139,28 @@ class CloudySamples(_StoreSamples):
         rng, epoch = self._rng(index)
         location, target_t, dates, target_index, kind = self._pick(rng, epoch)
         ys, xs = self._window(rng)
-        sample = self.reader.read(location, dates)
-        s2 = sample.s2[:, :, ys, xs]  # (T, 13, h, w)
-        truth = s2[target_index].copy()
-        opacity, shadow = cloudsim.simulate(rng, truth.shape[1:], kind)
-        s2 = s2.copy()
-        s2[target_index] = cloudsim.apply(truth, opacity, shadow)
-        prob = np.nan_to_num(sample.cloud_prob[:, ys, xs], nan=1.0)
-        prob[target_index] = opacity  # the synthetic cloud's opacity stands in for s2cloudless
-        item = _stack(s2, sample.s1[:, :, ys, xs], prob, self.reader.date_s2[location, dates], target_index)
+        images = self.reader.read_raw(location, dates)
+        s2 = images.s2[:, :, ys, xs]  # (T, 13, h, w) uint16
+        opacity, shadow = cloudsim.simulate(rng, s2.shape[2:], kind)
+        s1, prob = images.s1[:, :, ys, xs], images.cloud_prob[:, ys, xs]
+        days = _days(self.reader.date_s2[location, dates], target_index)
+        if self.raw:  # the cloud is put on the target on the device too (finish_batch)
+            item = {
+                "s2_raw": _bits(s2), "s1_raw": torch.from_numpy(np.ascontiguousarray(s1)),
+                "prob_raw": torch.from_numpy(np.ascontiguousarray(prob)),
+                "target_prob": torch.from_numpy(np.ascontiguousarray(opacity, dtype=np.float32)),
+                "target_shadow": torch.from_numpy(np.ascontiguousarray(shadow, dtype=np.float32)),
+                "days": days, "target_index": torch.tensor(target_index),
+            }  # fmt: skip
+        else:
+            s2 = normalise_s2(s2)
+            truth = s2[target_index].copy()
+            s2[target_index] = cloudsim.apply(truth, opacity, shadow)
+            prob = _probability(prob)
+            prob[target_index] = opacity  # the synthetic cloud's opacity stands in for s2cloudless
+            item = _stack(s2, normalise_s1(s1), prob, self.reader.date_s2[location, dates], target_index)
+            item["target"] = torch.from_numpy(np.ascontiguousarray(truth))
         item["wind"] = torch.from_numpy(self.reader.wind[location, target_t])
-        item["target"] = torch.from_numpy(np.ascontiguousarray(truth))
         item["cloud_class"] = torch.tensor(CLOUD_CLASSES.index(kind))
         item["location"] = torch.tensor(location)
         return item
@@ -187,15 +210,72 @@ def _pick_dates(rng, usable_row: np.ndarray, target_t: int, count: int) -> tuple
 
 def _stack(s2, s1, prob, dates_s2, target_index) -> dict[str, torch.Tensor]:
     x = np.concatenate([s2, s1, prob[:, None]], axis=1).astype(np.float32)  # (T, 16, H, W)
-    day = dates_s2.astype("datetime64[D]").astype(np.int64)
-    days = (day - day[target_index]).astype(np.float32)  # (T,) offsets from the target date
     return {
         "x": torch.from_numpy(np.ascontiguousarray(x)),
-        "days": torch.from_numpy(days),
+        "days": _days(dates_s2, target_index),
         "target_index": torch.tensor(target_index),
         "target_s1": torch.from_numpy(np.ascontiguousarray(s1[target_index])),
         "target_prob": torch.from_numpy(np.ascontiguousarray(prob[target_index])),
     }
+
+
+def _days(dates_s2: np.ndarray, target_index: int) -> torch.Tensor:
+    day = dates_s2.astype("datetime64[D]").astype(np.int64)
+    return torch.from_numpy((day - day[target_index]).astype(np.float32))  # (T,) offsets from the target date
+
+
+def _probability(prob: np.ndarray) -> np.ndarray:
+    """Stored uint8 cloud probability -> float32 0..1; missing (255) counts as cloud (1.0)."""
+    return np.where(prob == 255, np.float32(1.0), prob.astype(np.float32) / CLOUD_PROB_SCALE).astype(np.float32)
+
+
+def _bits(s2: np.ndarray) -> torch.Tensor:
+    """uint16 reflectance as int16 bits: torch 2.5 moves and stacks int16 everywhere."""
+    return torch.from_numpy(np.ascontiguousarray(s2).view(np.int16))
+
+
+def _reflectance(bits: torch.Tensor) -> torch.Tensor:
+    """int16 bits -> S2 normalised as normalise_s2: clip 0..10000, /10000 (same float32 ops)."""
+    s2 = bits.to(torch.int32).bitwise_and_(0xFFFF).to(torch.float32)
+    low, high = S2_CLIP
+    return s2.clamp_(low, high).div_(S2_SCALE)
+
+
+def finish_batch(batch: dict) -> dict:
+    """A `raw=True` batch -> the `raw=False` layout and values, on the batch's device.
+
+    x (B, T, 16, H, W) = 13 S2 + 2 S1 + cloud probability; the target slot holds the clouded
+    image (the cloud simulated in the worker, blended here) and the synthetic opacity; target =
+    the clear image; target_s1 / target_prob are the target slot's S1 and
+    probability. A batch already normalised (no raw keys) is returned as it is.
+    """
+    if "target_raw" in batch:
+        rest = {k: v for k, v in batch.items() if k != "target_raw"}
+        return {**rest, "target": _reflectance(batch["target_raw"])}
+    if "s2_raw" not in batch:
+        return batch
+    low, high = S1_CLIP_DB
+    s2 = _reflectance(batch["s2_raw"])  # (B, T, 13, H, W)
+    s1 = batch["s1_raw"].to(torch.float32).clamp(low, high).sub_(low).div_(high - low).nan_to_num_(nan=0.0)
+    raw_prob = batch["prob_raw"]
+    prob = torch.where(raw_prob == 255, 1.0, raw_prob.to(torch.float32) / CLOUD_PROB_SCALE)  # (B, T, H, W)
+    rows = torch.arange(s2.shape[0], device=s2.device)
+    slot = batch["target_index"].to(s2.device)
+    truth = s2[rows, slot]  # (B, 13, H, W) the clear target, a copy
+    opacity, shadow = batch["target_prob"], batch["target_shadow"]  # (B, H, W)
+    s2[rows, slot] = _apply_cloud(truth, opacity, shadow)
+    prob[rows, slot] = opacity
+    x = torch.cat([s2, s1, prob[:, :, None]], dim=2)
+    rest = {k: v for k, v in batch.items() if k not in ("s2_raw", "s1_raw", "prob_raw", "target_shadow")}
+    return {**rest, "x": x, "target": truth, "target_s1": s1[rows, slot], "target_prob": prob[rows, slot]}
+
+
+def _apply_cloud(s2: torch.Tensor, opacity: torch.Tensor, shadow: torch.Tensor) -> torch.Tensor:
+    """cloudsim.apply on a batch (B, 13, H, W), the same float32 operations in the same order."""
+    spectrum = torch.from_numpy(cloudsim.CLOUD_SPECTRUM).to(s2.device)[None, :, None, None]
+    shade = 1.0 - 0.5 * shadow
+    cloudy = s2 * ((1.0 - opacity) * shade)[:, None] + spectrum * opacity[:, None]
+    return cloudy.clamp(0.0, 1.0)
 
 
 class EpochConcat(Dataset):

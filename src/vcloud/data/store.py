@@ -1,5 +1,10 @@
 """The prepared store: an xarray Dataset in zarr v3, one chunk per (location, time) image.
 
+Format 2: the image variables (s2, s1, cloud_prob) are sharded, one shard file per location
+holding one inner chunk per date, each chunk with a crc32c checksum (read and verified by
+shards.py); every other variable is one chunk for the whole store. So a location costs three
+files. A split store hard-links the per-ROI shards (`assemble`): one copy of the pixels.
+
 Dims: location, time, band_s2 (13), band_s1 (2), y, x, and gt (6) for the geotransform.
 
 | variable       | dims                               | dtype (on disk)  | meaning                           |
@@ -84,29 +89,40 @@ def store_attrs(*, source: str, options: dict) -> dict:
     }
 
 
-def encoding_for(ds) -> dict:
-    """Per-variable zarr encoding: one chunk per (location, time) image, compressed."""
-    from zarr.codecs import BloscCodec
+def _codecs(shuffle: str) -> tuple:
+    """Blosc zstd, then a crc32c checksum of the compressed bytes: damage is found, not decoded."""
+    from zarr.codecs import BloscCodec, Crc32cCodec
 
-    size_y, size_x = ds.sizes["y"], ds.sizes["x"]
-    images = {
-        "s2": (1, 1, len(S2_BANDS), size_y, size_x),
-        "s1": (1, 1, len(S1_BANDS), size_y, size_x),
-        "cloud_prob": (1, 1, size_y, size_x),
-    }
+    return (BloscCodec(cname="zstd", clevel=3, shuffle=shuffle), Crc32cCodec())
+
+
+def image_encoding(ds) -> dict:
+    """Image variables: one inner chunk per (location, time) image, one shard per location.
+
+    A training sample reads a handful of inner chunks (cheap random access); a location costs
+    one file per image variable instead of one per image (30x fewer files on Lustre).
+    """
+    size_y, size_x, times = ds.sizes["y"], ds.sizes["x"], ds.sizes["time"]
+    bands = {"s2": (len(S2_BANDS),), "s1": (len(S1_BANDS),), "cloud_prob": ()}
     enc: dict[str, dict] = {}
-    for name in ds.data_vars:
-        var = ds[name]
-        if name in images:
-            chunks = images[name]
-            shuffle = "bitshuffle" if name != "s1" else "shuffle"
-            compressor = BloscCodec(cname="zstd", clevel=3, shuffle=shuffle)
-        else:
-            chunks = tuple(var.shape)
-            compressor = BloscCodec(cname="zstd", clevel=3, shuffle="shuffle")
-        enc[name] = {"chunks": chunks, "compressors": (compressor,)}
+    for name in IMAGE_VARS:
+        shuffle = "shuffle" if name == "s1" else "bitshuffle"
+        enc[name] = {
+            "chunks": (1, 1, *bands[name], size_y, size_x),
+            "shards": (1, times, *bands[name], size_y, size_x),
+            "compressors": _codecs(shuffle),
+        }
     enc["cloud_prob"].update(dtype="uint8", scale_factor=1.0 / CLOUD_PROB_SCALE, _FillValue=255)
     return enc
+
+
+def table_encoding(ds) -> dict:
+    """Per-location and per-(location, time) variables and coordinates: one chunk each, whole."""
+    return {
+        name: {"chunks": tuple(ds[name].shape) or None, "compressors": _codecs("shuffle")}
+        for name in ds.variables
+        if ds[name].ndim
+    }
 
 
 def git_revision() -> str:
@@ -155,17 +171,33 @@ def _remove(path: Path) -> None:
 
 
 def write_locations(datasets: Iterator, path: Path) -> int:
-    """Write an iterator of one-location Datasets as one store, appending along `location`."""
+    """Write an iterator of one-location Datasets as one store; returns the number of locations.
+
+    Images are appended one location (one shard per image variable) at a time, so memory stays
+    bounded; the small per-location tables are gathered and written once at the end, as one
+    chunk per variable, so they cost a constant number of files whatever the location count.
+    Same inputs, same bytes: nothing time- or host-dependent is written.
+    """
+    import xarray as xr
+
     count = 0
+    tables = []
     for ds in datasets:
+        images = xr.Dataset({name: ds[name].variable for name in IMAGE_VARS}, attrs=ds.attrs)
+        # Every inner chunk is written, even all-fill ones, so a missing chunk or shard is damage.
+        common = {"zarr_format": 3, "consolidated": False, "write_empty_chunks": True}
         if count == 0:
-            ds.to_zarr(path, mode="w", zarr_format=3, consolidated=False, encoding=encoding_for(ds))
+            images.to_zarr(path, mode="w", encoding=image_encoding(ds), **common)
         else:
-            ds.to_zarr(path, append_dim="location", zarr_format=3, consolidated=False)
+            images.to_zarr(path, append_dim="location", **common)
+        tables.append(ds.drop_vars(IMAGE_VARS))
         count += 1
     if count:
         import zarr
 
+        table = xr.concat(tables, dim="location", data_vars="minimal", coords="minimal", compat="override")
+        table.attrs = tables[0].attrs
+        table.to_zarr(path, mode="a", zarr_format=3, consolidated=False, encoding=table_encoding(table))
         # One metadata read per open instead of one per array: it matters on Lustre.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Consolidated metadata", category=UserWarning)
@@ -188,46 +220,90 @@ def open_store(path: Path):
         raise BadInputError(f"{path}: not a readable zarr v3 store ({type(err).__name__}: {err})") from None
     version = ds.attrs.get("format_version")
     if version != STORE_FORMAT_VERSION:
-        raise BadInputError(
-            f"{path}: store format_version {version!r}, this vcloud reads {STORE_FORMAT_VERSION}"
-        )
+        older = isinstance(version, int) and version < STORE_FORMAT_VERSION
+        why = "written by an older vcloud (unsharded); prepare it again" if older else "not readable by this vcloud"
+        raise BadInputError(f"{path}: store format_version {version!r}, this vcloud reads {STORE_FORMAT_VERSION}: {why}")
     return ds
 
 
 def assemble(stores: Sequence[Path], out: Path) -> None:
-    """Gather per-ROI stores into one split store, one location at a time (bounded memory)."""
+    """Gather per-ROI stores into one split store without copying a pixel.
+
+    The split's image shards are hard links to the per-ROI stores' shards (renumbered along
+    `location`); only the small per-location tables and the metadata are written. So the split
+    is an ordinary store that every reader (xarray, zarr, the loader, the viewer, `vcloud
+    verify`) opens as it is, records no paths that could go stale when the workflow moves, and
+    costs no extra space and no extra inodes (quota counts both once). Needs the per-ROI stores
+    and the split on one filesystem, as results/prepared/ is.
+    """
+    import xarray as xr
+
+    from vcloud.data.shards import ShardLayout
+
     if not stores:
         raise BadInputError(f"{out}: no input stores to assemble")
     opened = [(Path(p), open_store(p)) for p in stores]
     first_path, first = opened[0]
     seen: dict[str, Path] = {}
+    layouts = {name: ShardLayout.read(first_path, name) for name in IMAGE_VARS}
     for path, ds in opened:
         for dim in ("time", "y", "x"):
             if ds.sizes[dim] != first.sizes[dim]:
                 raise BadInputError(
                     f"{path}: {dim} size {ds.sizes[dim]} differs from {first.sizes[dim]} in {first_path}"
                 )
+        for name in IMAGE_VARS:
+            if _array_meta(path, name, shape=False) != _array_meta(first_path, name, shape=False):
+                raise BadInputError(f"{path}: {name} is encoded differently from {first_path}")
         for loc in ds["location"].values.tolist():
             if loc in seen:
                 raise BadInputError(f"{path}: location {loc} is also in {seen[loc]}")
             seen[loc] = path
     sources = [str(p) for p, _ in opened]
-
-    def locations():
-        for _, ds in opened:
-            for i in range(ds.sizes["location"]):
-                one = ds.isel(location=slice(i, i + 1)).load()
-                for name in one.variables:
-                    one[name].encoding = {}
-                one.attrs = store_attrs(
-                    source=first.attrs.get("source", ""),
-                    options={"assembled_from": sources},
-                )
-                yield one
+    tables = [ds.drop_vars(IMAGE_VARS).load() for _, ds in opened]
+    table = xr.concat(tables, dim="location", data_vars="minimal", coords="minimal", compat="override")
+    for name in table.variables:
+        table[name].encoding = {}
+    table.attrs = store_attrs(source=first.attrs.get("source", ""), options={"assembled_from": sources})
+    total = len(seen)
 
     with atomic_output(out) as tmp:
-        count = write_locations(locations(), tmp)
-    log.info("assembled %d locations from %d stores into %s", count, len(stores), out)
+        table.to_zarr(tmp, mode="w", zarr_format=3, consolidated=False, encoding=table_encoding(table))
+        for name, layout in layouts.items():
+            meta = _array_meta(first_path, name, shape=False)
+            meta["shape"] = [total, *layout.shape[1:]]
+            (tmp / name).mkdir()
+            (tmp / name / "zarr.json").write_text(json.dumps(meta, indent=2))
+            offset = 0
+            for path, ds in opened:
+                for location in range(ds.sizes["location"]):
+                    _link(layout.shard_path(path, location), layout.shard_path(tmp, offset + location), out)
+                offset += ds.sizes["location"]
+        import zarr
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Consolidated metadata", category=UserWarning)
+            zarr.consolidate_metadata(str(tmp), zarr_format=3)
+    log.info("assembled %d locations from %d stores into %s (image shards hard-linked)", total, len(stores), out)
+
+
+def _array_meta(store: Path, name: str, *, shape: bool) -> dict:
+    meta = json.loads((Path(store) / name / "zarr.json").read_text())
+    if not shape:
+        meta.pop("shape")
+    return meta
+
+
+def _link(source: Path, target: Path, out: Path) -> None:
+    if not source.exists():
+        raise BadInputError(f"{source}: shard file missing; run `vcloud verify` on its store")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+    except OSError as err:
+        raise BadInputError(
+            f"{out}: cannot hard-link {source} ({err.strerror}); keep the per-ROI stores and the split on one filesystem"
+        ) from None
 
 
 def summary(ds) -> dict:

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from vcloud.config import ModelSetConfig, load_model_config
 from vcloud.constants import CLOUD_CLASSES
-from vcloud.data.reader import StoreReader
+from vcloud.data.shards import ShardReader as StoreReader  # direct, checked shard reads
 from vcloud.data.samples import CloudySamples, _stack
 from vcloud.models.autoencoder import Autoencoder
 from vcloud.models.cfdt import CFDT

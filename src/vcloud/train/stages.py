@@ -26,7 +26,7 @@ from torch.utils.data import Dataset
 
 from vcloud.config import ModelSetConfig
 from vcloud.constants import CLOUD_CLASSES
-from vcloud.data.samples import ClearImages, CloudySamples, EpochConcat, UnlabelledSamples, crop_item
+from vcloud.data.samples import ClearImages, CloudySamples, EpochConcat, UnlabelledSamples, crop_item, finish_batch
 from vcloud.models.autoencoder import Autoencoder
 from vcloud.models.cfdt import CFDT
 from vcloud.models.refiner import DiffusionSchedule, Refiner, ddim_sample, refiner_condition
@@ -63,19 +63,32 @@ def load_frozen(model: nn.Module, path: Path, *, stage: int) -> nn.Module:
     return model
 
 
-def _cloudy(cfg: ModelSetConfig, store: Path, *, train: bool, stage_epochs: int) -> CloudySamples:
+def _cloudy(cfg: ModelSetConfig, store: Path, *, train: bool, stage_epochs: int, raw: bool = True) -> CloudySamples:
     d = cfg.data
     if train:
         cur = cfg.stage1.curriculum
         return CloudySamples(
             store, dates=d.input_dates, length=d.samples_per_epoch, seed=cfg.stage1.train.seed,
             crop=d.crop, clear_max_cover=d.clear_max_cover, epochs=stage_epochs,
-            mixed_from=cur.mixed_from, all_from=cur.all_from,
+            mixed_from=cur.mixed_from, all_from=cur.all_from, raw=raw,
         )  # fmt: skip
     return CloudySamples(
         store, dates=d.input_dates, length=d.val_samples, seed=VAL_SEED, crop=None,
-        clear_max_cover=d.clear_max_cover, kinds=EVAL_KINDS,
+        clear_max_cover=d.clear_max_cover, kinds=EVAL_KINDS, raw=raw,
     )  # fmt: skip
+
+
+def _on_device(task: StageTask) -> StageTask:
+    """The one place where training batches are normalised: on their device, before the stage.
+
+    Loaders hand over images as stored (`raw=True` datasets, see samples.finish_batch); the
+    stage's loss and validation always see the normalised layout. Already-normalised batches
+    (stage 3's pseudo-labelled mix) pass through unchanged.
+    """
+    loss, validate = task.loss, task.validate
+    task.loss = lambda m, batch: loss(m, finish_batch(batch))
+    task.validate = lambda m, batch: validate(m, finish_batch(batch))
+    return task
 
 
 def _draft(cfdt: nn.Module, batch: dict) -> torch.Tensor:
@@ -110,15 +123,15 @@ def stage0(cfg: ModelSetConfig, *, train: Path, val: Path) -> StageTask:
     def validate(m, batch):
         return compute_all(m(batch["target"]).float().clamp(0, 1), batch["target"].float())
 
-    return StageTask(
+    return _on_device(StageTask(
         stage=0,
         model=model,
         train_set=ClearImages(train, length=d.samples_per_epoch, seed=cfg.stage0.train.seed, crop=d.crop,
-                              clear_max_cover=d.clear_max_cover),
-        val_set=ClearImages(val, length=d.val_samples, seed=VAL_SEED, clear_max_cover=d.clear_max_cover),
+                              clear_max_cover=d.clear_max_cover, raw=True),
+        val_set=ClearImages(val, length=d.val_samples, seed=VAL_SEED, clear_max_cover=d.clear_max_cover, raw=True),
         loss=loss,
         validate=validate,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def stage1(cfg: ModelSetConfig, *, train: Path, val: Path, wind: WindCache | None = None) -> StageTask:
@@ -134,10 +147,10 @@ def stage1(cfg: ModelSetConfig, *, train: Path, val: Path, wind: WindCache | Non
     def on_epoch_start(epoch):
         return {"curriculum": "+".join(train_set.kinds_at(epoch))}
 
-    return StageTask(
+    return _on_device(StageTask(
         stage=1, model=model, train_set=train_set, val_set=_cloudy(cfg, val, train=False, stage_epochs=1),
         loss=loss, validate=validate, on_epoch_start=on_epoch_start,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 class RefinerPipeline(nn.Module):
@@ -223,11 +236,11 @@ def stage2(
     def validate(m, batch):
         return compute_all(m.sample(batch, steps=steps, seed=VAL_SEED).float(), batch["target"].float())
 
-    return StageTask(
+    return _on_device(StageTask(
         stage=2, model=pipeline,
         train_set=_cloudy(cfg, train, train=True, stage_epochs=cfg.stage2.train.epochs),
         val_set=_cloudy(cfg, val, train=False, stage_epochs=1), loss=loss, validate=validate,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 class PseudoLabelled(Dataset):
@@ -285,7 +298,8 @@ def stage3(
     log.info("stage 3: kept %d of %d pseudo-labels", len(kept), len(scored))
     student = install_wind_orders(CFDT(cfg.stage1.model), wind)
     student.load_state_dict(load_checkpoint(stage1_ckpt)["model"])
-    labelled = _cloudy(cfg, train, train=True, stage_epochs=cfg.stage3.train.epochs)
+    # Normalised on the CPU: its batches mix with the pseudo-labelled ones, which are.
+    labelled = _cloudy(cfg, train, train=True, stage_epochs=cfg.stage3.train.epochs, raw=False)
     pseudo = PseudoLabelled(unlabelled, kept, crop=cfg.data.crop, seed=cfg.stage3.train.seed)
     train_set: Dataset = EpochConcat([labelled, pseudo]) if kept else labelled
 
@@ -295,9 +309,9 @@ def stage3(
     def validate(m, batch):
         return compute_all(_draft(m, batch).float().clamp(0, 1), batch["target"].float())
 
-    return StageTask(
+    return _on_device(StageTask(
         stage=3, model=student, train_set=train_set, val_set=_cloudy(cfg, val, train=False, stage_epochs=1),
         loss=loss, validate=validate,
         summary={"pseudo_labels_scored": len(scored), "pseudo_labels_kept": len(kept)},
         artifacts={"pseudo_labels": {"kept": len(kept), "scored": scored, "rule": SELF_TRAINING_RULE}},
-    )  # fmt: skip
+    ))  # fmt: skip
