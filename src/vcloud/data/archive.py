@@ -92,9 +92,17 @@ def rois_in(name: ArchiveName) -> list[RoiId]:
     return sorted(parse_roi(text) for split in splits for text in REGION_SPLITS[name.region][split])
 
 
-def index_path(archive: Path) -> Path:
+def index_path(archive: Path, index_dir: Path | None = None) -> Path:
+    """Beside the archive by default; in `index_dir` when the download folder is not ours to
+    write (the workflow keeps them in results/prepared/index/)."""
     archive = Path(archive)
-    return archive.with_name(archive.name + INDEX_SUFFIX)
+    folder = Path(index_dir) if index_dir is not None else archive.parent
+    return folder / (archive.name + INDEX_SUFFIX)
+
+
+def index_file(archive, index_dir) -> str:
+    """index_path as a string (for the workflow's input functions)."""
+    return str(index_path(Path(archive), index_dir))
 
 
 # ----------------------------------------------------------------------------- the index
@@ -111,6 +119,7 @@ class Member:
 @dataclass
 class ArchiveIndex:
     archive: Path
+    path: Path  # where the index file is (or will be written)
     size: int
     fingerprint: str
     spacing: int
@@ -179,7 +188,7 @@ def _check_folder(name: ArchiveName, archive: Path, member: str) -> tuple[RoiId,
     return None
 
 
-def build_index(archive: Path, *, spacing: int = SPACING) -> ArchiveIndex:
+def build_index(archive: Path, *, spacing: int = SPACING, index_dir: Path | None = None) -> ArchiveIndex:
     """One pass over the archive: every member's place and CRC-32, and gzip seek points."""
     import indexed_gzip
 
@@ -221,12 +230,13 @@ def build_index(archive: Path, *, spacing: int = SPACING) -> ArchiveIndex:
         ) from None
     if not rois:
         raise BadInputError(f"{archive}: no ROI in the archive (empty or not the dataset's layout)")
-    return ArchiveIndex(archive, size, print_, spacing, rois, buffer.getvalue())
+    return ArchiveIndex(archive, index_path(archive, index_dir), size, print_, spacing, rois, buffer.getvalue())
 
 
-def write_index(index: ArchiveIndex, path: Path | None = None) -> Path:
-    """Write beside the archive (temp file + rename: a reader sees the old index or the new)."""
-    path = Path(path or index_path(index.archive))
+def write_index(index: ArchiveIndex) -> Path:
+    """Write the index (temp file + rename: a reader sees the old index or the new one)."""
+    path = index.path
+    path.parent.mkdir(parents=True, exist_ok=True)
     header = {
         "version": INDEX_VERSION,
         "archive": index.archive.name,
@@ -251,10 +261,11 @@ def write_index(index: ArchiveIndex, path: Path | None = None) -> Path:
     return path
 
 
-def read_index(archive: Path, *, check: bool = True, header_only: bool = False) -> ArchiveIndex:
-    """The index beside `archive`; BadInputError when missing, unreadable or not this archive's."""
+def read_index(archive: Path, *, index_dir: Path | None = None, check: bool = True,
+               header_only: bool = False) -> ArchiveIndex:
+    """The index of `archive`; BadInputError when missing, unreadable or not this archive's."""
     archive = Path(archive)
-    path = index_path(archive)
+    path = index_path(archive, index_dir)
     try:
         with path.open("rb") as handle:
             magic = handle.read(len(INDEX_MAGIC))
@@ -270,6 +281,7 @@ def read_index(archive: Path, *, check: bool = True, header_only: bool = False) 
                             f"vcloud index {archive}") from None  # fmt: skip
     index = ArchiveIndex(
         archive=archive,
+        path=path,
         size=header["size"],
         fingerprint=header["fingerprint"],
         spacing=header["spacing"],
@@ -292,16 +304,16 @@ def read_index(archive: Path, *, check: bool = True, header_only: bool = False) 
     return index
 
 
-def ensure_index(archive: Path, *, rebuild: bool = False) -> ArchiveIndex:
+def ensure_index(archive: Path, *, index_dir: Path | None = None, rebuild: bool = False) -> ArchiveIndex:
     """The archive's index: read when it matches; built when missing (or asked to rebuild).
 
     A mismatched index is refused unless `rebuild`: it means the archive changed under a run,
     and several ROI jobs rebuilding one index at once would each decompress the whole archive.
     """
     archive = Path(archive)
-    if not rebuild and index_path(archive).exists():
-        return read_index(archive)
-    index = build_index(archive)
+    if not rebuild and index_path(archive, index_dir).exists():
+        return read_index(archive, index_dir=index_dir)
+    index = build_index(archive, index_dir=index_dir)
     write_index(index)
     return index
 
@@ -314,8 +326,9 @@ class ArchiveSource:
     TreeSource's interface). Reads are serialised on one decompressor per archive (indexed_gzip
     is not thread-safe); decoding happens outside the lock."""
 
-    def __init__(self, archive: Path):
+    def __init__(self, archive: Path, *, index_dir: Path | None = None):
         self.archive = Path(archive)
+        self.index_dir = index_dir
         self.name = parse_archive_name(self.archive.name)
         if self.name is None:
             raise BadInputError(f"{archive}: not a SEN12MS-CR-TS archive name ({{s1,s2}}_<region>[_test].tar.gz)")
@@ -329,7 +342,7 @@ class ArchiveSource:
     @property
     def index(self) -> ArchiveIndex:
         if self._index is None:
-            self._index = ensure_index(self.archive)
+            self._index = ensure_index(self.archive, index_dir=self.index_dir)
         return self._index
 
     def has(self, roi: RoiId, kind: str) -> bool:
@@ -415,7 +428,7 @@ def archives_under(path: Path) -> list[Path]:
     return []
 
 
-def resolve_sources(raws: list[Path], roi: RoiId) -> dict:
+def resolve_sources(raws: list[Path], roi: RoiId, *, index_dir: Path | None = None) -> dict:
     """kind -> the one source that holds that kind of `roi`, over every raw path given.
 
     A raw path is a folder of downloaded archives, one archive, or an extracted tree (e.g. the
@@ -436,7 +449,7 @@ def resolve_sources(raws: list[Path], roi: RoiId) -> dict:
             name = parse_archive_name(archive.name)
             if dataset_region(roi) is not None and archive_for(roi, name.kind) != name:
                 continue  # by its name this archive cannot hold the ROI: its index is not read
-            source = ArchiveSource(archive)
+            source = ArchiveSource(archive, index_dir=index_dir)
             if source.has(roi, name.kind):
                 found[name.kind].append(source)
     for kind, sources in found.items():
@@ -453,13 +466,29 @@ def resolve_sources(raws: list[Path], roi: RoiId) -> dict:
     return {kind: sources[0] for kind, sources in found.items() if sources}
 
 
-def discover_archive_rois(raws: list[Path]) -> list[RoiId]:
-    """ROIs that the archives under the raw paths hold by their names (no index needed)."""
+def discover_raw_rois(raws: list[Path]) -> list[RoiId]:
+    """ROIs under the raw paths: those the archives hold by their names (no index needed), and
+    the ROIsXXXX/<roi> folders of extracted trees."""
+    from vcloud.data.layout import discover_rois
+
     found: set[RoiId] = set()
     for raw in raws:
+        if classify(Path(raw)) == "tree":
+            found.update(discover_rois(Path(raw)))
         for archive in archives_under(raw):
             found.update(rois_in(parse_archive_name(archive.name)))
     return sorted(found)
+
+
+def check_data_config(config: dict) -> None:
+    """Keys that changed meaning: one line saying what to write instead."""
+    from vcloud.errors import ConfigError
+
+    if "raw_dir" in config.get("data", {}):
+        raise ConfigError(
+            "data.raw_dir: renamed to data.raw (a path or a list of paths: a folder of the downloaded "
+            "{s1,s2}_<region>[_test].tar.gz archives, one archive, or an extracted tree)"
+        )
 
 
 # ----------------------------------------------------------------------------- writing

@@ -63,11 +63,13 @@ def prepare_roi(
     thresholds: CloudThresholds = CloudThresholds(),
     wind_table: Path | None = None,
     workers: int = 1,
+    index_dir: Path | None = None,
 ) -> dict:
     """Prepare one ROI; returns the summary counts that are also logged.
 
     raw: one path or several (e.g. the train and the val/test download roots); each a folder
-    of downloaded archives, one archive, or an extracted tree.
+    of downloaded archives, one archive, or an extracted tree. index_dir: where the archives'
+    indexes are (default: beside each archive); a missing one is built, a stale one refused.
     """
     if on_bad_image not in ("fail", "skip"):
         raise BadInputError(f"on_bad_image: '{on_bad_image}' is not one of fail, skip")
@@ -75,7 +77,7 @@ def prepare_roi(
         raise BadInputError(f"workers: {workers!r} is not a positive number of threads")
     raws = [Path(p) for p in raw] if isinstance(raw, (list, tuple)) else [Path(raw)]
     out = Path(out)
-    scan = scan_roi(resolve_sources(raws, roi), roi, times=times)
+    scan = scan_roi(resolve_sources(raws, roi, index_dir=index_dir), roi, times=times)
     problems = list(scan.problems)
     _fail_on(problems, on_bad_image)
     wind = WindSource(wind_table, roi) if wind_table else None
