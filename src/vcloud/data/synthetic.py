@@ -99,8 +99,9 @@ def default_rois(n: int) -> list[RoiId]:
 
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise SynthError(f"rois: {n!r} is not a positive number of ROIs")
-    train = [roi for roi in dataset_rois() if dataset_region(roi)[1] == "train" and roi not in _DEFAULT_ROIS]
-    names = (list(_DEFAULT_ROIS) + train)[:n]
+    rest = [roi for roi in dataset_rois() if roi not in _DEFAULT_ROIS]
+    rest.sort(key=lambda roi: dataset_region(roi)[1] != "train")  # train ROIs first (stable)
+    names = (list(_DEFAULT_ROIS) + rest)[:n]
     if len(names) < n:
         raise SynthError(f"rois: {n} default ROIs asked for, but only {len(names)} exist (name them with --roi)")
     return names
