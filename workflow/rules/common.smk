@@ -63,7 +63,9 @@ def get_synthetic_outputs():
     if not config["synthetic"]["archives"]:
         return {"raw": directory(root)}
     rois = [parse_roi(text) for text in config["synthetic"]["rois"]]
-    names = sorted({archive_for(roi, kind).filename for roi in rois for kind in ("s1", "s2")})
+    names = sorted(
+        {archive_for(roi, kind).filename for roi in rois for kind in ("s1", "s2")}
+    )
     files = {"archives": [f"{root}/{name}" for name in names]}
     files.update(wind=f"{root}/wind.csv", truth=f"{root}/truth.csv")
     return files
@@ -76,7 +78,9 @@ def find_archive(name):
         candidate = path if path.name == name else path / name
         if is_synthetic() or candidate.is_file():
             return str(candidate)
-    raise WorkflowError(f"data.raw: no archive {name} under {', '.join(get_raw_paths())}")
+    raise WorkflowError(
+        f"data.raw: no archive {name} under {', '.join(get_raw_paths())}"
+    )
 
 
 def get_archive(wildcards):
@@ -133,7 +137,9 @@ def get_prepare_input(wildcards):
         folder = Path(raw) / roi.rois / str(roi.roi)
         if folder.is_dir():
             return {"raw": str(folder)}
-    raise WorkflowError(f"data.raw: ROI {roi} not found under {', '.join(get_raw_paths())}")
+    raise WorkflowError(
+        f"data.raw: ROI {roi} not found under {', '.join(get_raw_paths())}"
+    )
 
 
 def get_raw_flags():
