@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -48,8 +49,9 @@ def _child(args: argparse.Namespace) -> None:
     prepare_roi(raw=args.raw, roi=ROI, out=args.out, times=args.times, size=args.size,
                 workers=args.workers, index_dir=args.index_dir)  # fmt: skip
     seconds = time.perf_counter() - start
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"seconds": seconds, "peak_rss_bytes": rss}))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = usage.ru_utime + usage.ru_stime  # robust to a busy machine, unlike wall time
+    print(json.dumps({"seconds": seconds, "cpu_seconds": cpu, "peak_rss_bytes": usage.ru_maxrss * 1024}))
 
 
 def _prepare(raw: Path, out: Path, index_dir: Path, args, workers: int) -> dict:
@@ -143,6 +145,9 @@ def main() -> None:
             "s_per_image_1_worker": round(s_per_image[1], 4),
             "s_per_image_2_workers": round(s_per_image[2], 4),
             "scaling_2_workers": round(scaling, 2),
+            "cpu_s_per_image_1_worker": round(runs[1].get("cpu_seconds", float("nan")) / images, 4),
+            "cpu_s_per_image_2_workers": round(runs[2].get("cpu_seconds", float("nan")) / images, 4),
+            "load_average_1min": round(os.getloadavg()[0], 2),
             "scaling_target": 1.6,
             "peak_rss_mb_1_worker": round(runs[1]["peak_rss_bytes"] / 1e6),
             "peak_rss_mb_2_workers": round(runs[2]["peak_rss_bytes"] / 1e6),
