@@ -83,6 +83,11 @@ def find_archive(name):
     )
 
 
+def get_synthetic_root(output):
+    """The folder synth_raw writes: its directory output, or the folder of its archives."""
+    return output.raw if "raw" in output.keys() else str(Path(output.wind).parent)
+
+
 def get_archive(wildcards):
     return find_archive(wildcards.archive)
 

@@ -23,7 +23,7 @@ rule synth_raw:
         times=DATA["times"],
         size=DATA["patch_size"],
         seed=config["synthetic"]["seed"],
-        out=PATHS["synthetic_raw"],
+        out=lambda wildcards, output: get_synthetic_root(output),
         archives="--archives" if config["synthetic"]["archives"] else "",
     shell:
         "vcloud synth --out {params.out} {params.rois} --patches {params.patches}"
@@ -49,7 +49,7 @@ rule index_archive:
         # One streaming pass per archive: prepare_roi's memory and wall time are ample.
         **get_slurm_resources("prepare_roi"),
     params:
-        index_dir=get_index_dir(),
+        index_dir=lambda wildcards, output: Path(output.index).parent,
     shell:
         "vcloud index --rebuild --index-dir {params.index_dir} {input.archive} > {log} 2>&1"
 
