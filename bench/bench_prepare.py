@@ -3,7 +3,9 @@
     python bench/bench_prepare.py [--patches 4] [--times 30] [--size 256] [--workdir /tmp/vcloud-bench]
 
 Prints one JSON object. Files are read from the page cache in both measurements (the raw
-tree was just written), so the figures compare CPU work, not disk speed.
+tree was just written), so the figures compare CPU work, not disk speed. Both run on one core:
+prepare with one worker (one LightGBM thread), the floor in one thread; bench_scale.py measures
+two workers and the archive path.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def main() -> None:
 
     out = args.workdir / "bench_prepare.zarr"
     start = time.perf_counter()
-    prepare_roi(raw=raw, roi=ROI, out=out, times=args.times, size=args.size)
+    prepare_roi(raw=raw, roi=ROI, out=out, times=args.times, size=args.size, workers=1)
     prepare_s = time.perf_counter() - start
     store_mb = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 1e6
     shutil.rmtree(out)
@@ -52,6 +54,7 @@ def main() -> None:
             "roi": str(ROI),
             "images": len(files),
             "patch_size": args.size,
+            "workers": 1,
             "raw_mb_on_disk": round(raw_mb, 1),
             "decoded_mb": round(decoded_mb, 1),
             "store_mb_on_disk": round(store_mb, 1),

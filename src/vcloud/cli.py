@@ -29,7 +29,23 @@ def _cmd_synth(args: argparse.Namespace) -> None:
         times=args.times,
         size=args.size,
         seed=args.seed,
+        archives=args.archives,
     )
+
+
+def _cmd_index(args: argparse.Namespace) -> None:
+    from vcloud.data.archive import build_index, ensure_index, read_index, write_index
+
+    for archive in args.archives:
+        if args.check:
+            index = read_index(archive, index_dir=args.index_dir)
+        elif args.rebuild:
+            index = build_index(archive, index_dir=args.index_dir)
+            write_index(index)
+        else:
+            index = ensure_index(archive, index_dir=args.index_dir)
+        print(f"{archive}: {len(index.rois)} ROIs, {index.members} members, "
+              f"{index.data_bytes / 1e9:.3f} GB of images")
 
 
 def _cmd_prepare(args: argparse.Namespace) -> None:
@@ -50,6 +66,8 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
             opaque_min_cover=args.opaque_min_cover,
         ),
         wind_table=args.wind,
+        workers=args.threads,
+        index_dir=args.index_dir,
     )
 
 
@@ -203,10 +221,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--times", type=int, default=N_TIMES, help="dates per location")
     p.add_argument("--size", type=int, default=PATCH_SIZE, help="pixels per side")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--archives", action="store_true",
+                   help="write the downloaded form: {s1,s2}_<region>[_test].tar.gz (dataset ROIs only)")
     p.set_defaults(func=_cmd_synth)
 
+    p = sub.add_parser("index", help="index downloaded archives once, beside them (<archive>.vcloud-index)")
+    p.add_argument("archives", type=Path, nargs="+", help="{s1,s2}_<region>[_test].tar.gz")
+    p.add_argument("--rebuild", action="store_true", help="rebuild even when an index is there")
+    p.add_argument("--check", action="store_true", help="only check that the index matches its archive")
+    p.add_argument("--index-dir", type=Path, help="keep the index here instead of beside the archive")
+    p.set_defaults(func=_cmd_index)
+
     p = sub.add_parser("prepare", help="one raw ROI -> a prepared zarr store")
-    p.add_argument("--raw", type=Path, required=True, help="raw SEN12MS-CR-TS root")
+    p.add_argument("--raw", type=Path, action="append", required=True,
+                   help="folder of downloaded archives, one archive, or an extracted tree (repeatable: "
+                        "the train and val/test roots)")
+    p.add_argument("--threads", type=int, default=1, help="locations prepared in parallel (one core each)")
+    p.add_argument("--index-dir", type=Path, help="folder of the archives' indexes (default: beside each archive)")
     p.add_argument("--roi", required=True, help="ROIsXXXX/NNN")
     p.add_argument("--out", type=Path, required=True, help="FILE.zarr to write")
     p.add_argument("--on-bad-image", choices=("fail", "skip"), default="fail")

@@ -40,7 +40,8 @@ def data_run(pipeline_run):
 def test_dry_run_plans_one_prepare_job_per_roi(data_run):
     _, dry, _ = data_run
     text = dry.stdout + dry.stderr
-    plan = [("synth_raw", 1), ("prepare_roi", 4), ("assemble_split", 3)]
+    # The synthetic ROIs lie in 4 archives of each kind (asiaEast_test, africa_test, europa, africa).
+    plan = [("synth_raw", 1), ("index_archive", 8), ("prepare_roi", 4), ("assemble_split", 3)]
     plan += [(f"train_stage{n}", 1) for n in range(4)] + [(f"evaluate_stage{n}", 1) for n in range(4)]
     plan += [("export_viewer", 1), ("report_curves", 1), ("report_tables", 1), ("accounting", 1)]
     for rule, count in plan:
@@ -49,14 +50,18 @@ def test_dry_run_plans_one_prepare_job_per_roi(data_run):
 
 def test_data_part_writes_split_stores_logs_and_benchmarks(data_run):
     work, _, _ = data_run
-    expected = {"train": ["ROIs1158_119", "ROIs1970_22"], "val": ["ROIs2017_22"], "test": ["ROIs1868_119"]}
+    expected = {"train": ["ROIs1970_119", "ROIs1970_21"], "val": ["ROIs2017_22"], "test": ["ROIs1868_119"]}
     for split, rois in expected.items():
         ds = open_store(work / f"results/prepared/{split}.zarr")
         assert sorted({loc.rsplit("_p", 1)[0] for loc in ds["location"].values}) == rois
         assert ds.sizes["time"] == 30 and ds.sizes["y"] == 32
         assert ds["valid_s2"].values.all()
         assert np.isfinite(ds["wind_u"].values).all()  # the synthetic wind table was used
-    for slug in ("ROIs1868_119", "ROIs2017_22", "ROIs1158_119", "ROIs1970_22"):
+    # The default pipeline reads the synthetic data as downloaded: archives and their indexes.
+    assert (work / "resources/sen12mscrts_synth/s2_europa.tar.gz").is_file()
+    assert (work / "results/prepared/index/s2_europa.tar.gz.vcloud-index").is_file()
+    assert not (work / "resources/sen12mscrts_synth/ROIs1970").exists()
+    for slug in ("ROIs1868_119", "ROIs2017_22", "ROIs1970_119", "ROIs1970_21"):
         assert (work / f"results/prepared/rois/{slug}.bad.tsv").is_file()
         log = (work / f"logs/prepare_roi/{slug}.log").read_text()
         assert f"prepared {slug.replace('_', '/')}" in log and '"cloud_classes"' in log

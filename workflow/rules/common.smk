@@ -4,7 +4,14 @@ import json
 from pathlib import Path
 
 from vcloud.config import config_hash, load_model_config, stage_config_dict
-from vcloud.data.layout import discover_rois, parse_roi
+from vcloud.data.archive import (
+    archive_for,
+    check_data_config,
+    classify,
+    discover_raw_rois,
+    index_file,
+)
+from vcloud.data.layout import parse_roi
 from vcloud.data.splits import assign_splits
 from vcloud.runtime.lumi import (
     Cluster,
@@ -14,6 +21,7 @@ from vcloud.runtime.lumi import (
     uses_container,
 )
 
+check_data_config(config)  # one line for old keys (data.raw_dir) before anything else
 DATA = config["data"]
 PATHS = config["paths"]
 PREPARED = PATHS["prepared"]
@@ -23,28 +31,79 @@ RESULTS = PATHS["results"]
 wildcard_constraints:
     roi=r"ROIs\d{4}_\d+",
     split="train|val|test",
+    archive=r"s[12]_[A-Za-z]+(_test)?\.tar\.gz",
 
 
 def is_synthetic():
     return config["synthetic"]["enabled"]
 
 
-def get_raw_dir():
-    return PATHS["synthetic_raw"] if is_synthetic() else DATA["raw_dir"]
+def get_raw_paths():
+    """Raw inputs: the synthetic folder, or data.raw (a path or a list of paths)."""
+    if is_synthetic():
+        return [PATHS["synthetic_raw"]]
+    raw = DATA["raw"]
+    return [raw] if isinstance(raw, str) else list(raw)
+
+
+def is_archive_input():
+    """The raw data are downloaded archives (read in place), not an extracted tree."""
+    if is_synthetic():
+        return config["synthetic"]["archives"]
+    return any(classify(Path(path)) != "tree" for path in get_raw_paths())
+
+
+def get_index_dir():
+    return f"{PREPARED}/index"
+
+
+def get_synthetic_outputs():
+    """synth_raw's outputs: the archives that hold the synthetic ROIs, or the tree folder."""
+    root = PATHS["synthetic_raw"]
+    if not config["synthetic"]["archives"]:
+        return {"raw": directory(root)}
+    rois = [parse_roi(text) for text in config["synthetic"]["rois"]]
+    names = sorted(
+        {archive_for(roi, kind).filename for roi in rois for kind in ("s1", "s2")}
+    )
+    files = {"archives": [f"{root}/{name}" for name in names]}
+    files.update(wind=f"{root}/wind.csv", truth=f"{root}/truth.csv")
+    return files
+
+
+def find_archive(name):
+    """The downloaded (or synthetic) archive of that name among the raw paths."""
+    for raw in get_raw_paths():
+        path = Path(raw)
+        candidate = path if path.name == name else path / name
+        if is_synthetic() or candidate.is_file():
+            return str(candidate)
+    raise WorkflowError(
+        f"data.raw: no archive {name} under {', '.join(get_raw_paths())}"
+    )
+
+
+def get_synthetic_root(output):
+    """The folder synth_raw writes: its directory output, or the folder of its archives."""
+    return output.raw if "raw" in output.keys() else str(Path(output.wind).parent)
+
+
+def get_archive(wildcards):
+    return find_archive(wildcards.archive)
 
 
 def get_rois():
-    """ROIs to prepare: the synthetic list, the configured list, or every ROI on disk."""
+    """ROIs to prepare: the synthetic list, the configured list, or every ROI of the raw data."""
     if is_synthetic():
         return [parse_roi(text) for text in config["synthetic"]["rois"]]
     if DATA["rois"] != "all":
         return [parse_roi(text) for text in DATA["rois"]]
-    raw = Path(DATA["raw_dir"])
-    if not raw.is_dir():
-        raise WorkflowError(f"data.raw_dir: {raw} is not a folder")
-    found = discover_rois(raw)
+    found = discover_raw_rois([Path(p) for p in get_raw_paths()])
     if not found:
-        raise WorkflowError(f"data.raw_dir: no ROIsXXXX/<roi> folder under {raw}")
+        raise WorkflowError(
+            f"data.raw: no ROI in {', '.join(get_raw_paths())} (no SEN12MS-CR-TS archive, "
+            "no ROIsXXXX/<roi> folder)"
+        )
     return found
 
 
@@ -68,11 +127,28 @@ def get_split_store(split):
 
 
 def get_prepare_input(wildcards):
-    """The synthetic tree (a rule output) or the ROI folder of the real dataset on disk."""
+    """The ROI's two archives and their indexes, or its folder of an extracted tree."""
+    roi = parse_roi(wildcards.roi)
+    if is_archive_input():
+        names = [archive_for(roi, kind).filename for kind in ("s1", "s2")]
+        archives = [find_archive(name) for name in names]
+        return {
+            "archives": archives,
+            "indexes": [index_file(archive, get_index_dir()) for archive in archives],
+        }
     if is_synthetic():
         return {"raw": rules.synth_raw.output.raw}
-    roi = parse_roi(wildcards.roi)
-    return {"raw": f"{DATA['raw_dir']}/{roi.rois}/{roi.roi}"}
+    for raw in get_raw_paths():
+        folder = Path(raw) / roi.rois / str(roi.roi)
+        if folder.is_dir():
+            return {"raw": str(folder)}
+    raise WorkflowError(
+        f"data.raw: ROI {roi} not found under {', '.join(get_raw_paths())}"
+    )
+
+
+def get_raw_flags():
+    return " ".join(f"--raw {shlex.quote(str(path))}" for path in get_raw_paths())
 
 
 def get_wind_table():

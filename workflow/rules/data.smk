@@ -1,9 +1,11 @@
 # Raw SEN12MS-CR-TS (or its synthetic stand-in) -> per-ROI zarr stores -> split stores.
+# Downloaded archives are read in place: indexed once each (index_archive), then every
+# prepare_roi job decompresses only its own members.
 
 
 rule synth_raw:
     output:
-        raw=directory(PATHS["synthetic_raw"]),
+        **get_synthetic_outputs(),
     log:
         "logs/synth_raw/synth_raw.log",
     benchmark:
@@ -21,9 +23,35 @@ rule synth_raw:
         times=DATA["times"],
         size=DATA["patch_size"],
         seed=config["synthetic"]["seed"],
+        out=lambda wildcards, output: get_synthetic_root(output),
+        archives="--archives" if config["synthetic"]["archives"] else "",
     shell:
-        "vcloud synth --out {output.raw} {params.rois} --patches {params.patches}"
-        " --times {params.times} --size {params.size} --seed {params.seed} > {log} 2>&1"
+        "vcloud synth --out {params.out} {params.rois} --patches {params.patches}"
+        " --times {params.times} --size {params.size} --seed {params.seed}"
+        " {params.archives} > {log} 2>&1"
+
+
+rule index_archive:
+    input:
+        archive=get_archive,
+    output:
+        index=f"{get_index_dir()}/{{archive}}.vcloud-index",
+    log:
+        "logs/index_archive/{archive}.log",
+    benchmark:
+        "benchmarks/index_archive/{archive}.tsv"
+    conda:
+        "../../envs/vcloud.yaml"
+    container:
+        get_container("prepare_roi")
+    threads: 1
+    resources:
+        # One streaming pass per archive: prepare_roi's memory and wall time are ample.
+        **get_slurm_resources("prepare_roi"),
+    params:
+        index_dir=lambda wildcards, output: Path(output.index).parent,
+    shell:
+        "vcloud index --rebuild --index-dir {params.index_dir} {input.archive} > {log} 2>&1"
 
 
 rule prepare_roi:
@@ -44,7 +72,8 @@ rule prepare_roi:
     resources:
         **get_slurm_resources("prepare_roi"),
     params:
-        raw=get_raw_dir(),
+        raw=get_raw_flags(),
+        index_dir=get_index_dir(),
         roi=lambda wildcards: str(parse_roi(wildcards.roi)),
         policy=DATA["on_bad_image"],
         times=DATA["times"],
@@ -55,9 +84,10 @@ rule prepare_roi:
             for key, value in DATA["cloud_classes"].items()
         ),
     shell:
-        "vcloud prepare --raw {params.raw} --roi {params.roi} --out {output.store}"
-        " --on-bad-image {params.policy} --times {params.times} --size {params.size}"
-        " {params.wind} {params.clouds} > {log} 2>&1"
+        "vcloud prepare {params.raw} --index-dir {params.index_dir} --roi {params.roi}"
+        " --out {output.store} --threads {threads} --on-bad-image {params.policy}"
+        " --times {params.times} --size {params.size} {params.wind} {params.clouds}"
+        " > {log} 2>&1"
 
 
 rule assemble_split:

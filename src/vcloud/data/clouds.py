@@ -40,11 +40,16 @@ def _detector():
     return S2PixelCloudDetector(**S2CLOUDLESS_KWARGS)
 
 
-def cloud_probability(s2: np.ndarray) -> np.ndarray:
-    """(N, 13, H, W) uint16 reflectance x10000 -> (N, H, W) float32 cloud probability 0..1."""
+def cloud_probability(s2: np.ndarray, *, num_threads: int = 0) -> np.ndarray:
+    """(N, 13, H, W) uint16 reflectance x10000 -> (N, H, W) float32 cloud probability 0..1.
+
+    num_threads: LightGBM's threads (0: its default, every core). Callers that run several
+    images in parallel pass 1, so that N workers use N cores, not N x cores.
+    """
     assert s2.ndim == 4 and s2.shape[1] == 13, f"expected (N, 13, H, W), got {s2.shape}"
     bands_last = np.clip(np.moveaxis(s2, 1, -1).astype(np.float32) / S2_SCALE, 0.0, 1.0)
-    return _detector().get_cloud_probability_maps(bands_last)
+    kwargs = {"num_threads": num_threads} if num_threads else {}
+    return _detector().get_cloud_probability_maps(bands_last, **kwargs)
 
 
 def cloud_mask(prob: np.ndarray) -> np.ndarray:

@@ -23,6 +23,39 @@ _NAME_RE = re.compile(
 )
 _ROI_RE = re.compile(r"^(?P<rois>ROIs\d{4})/(?P<roi>\d+)$")
 
+# The dataset's regions and the reference loader's ROI lists per region and split (UnCRtainTS
+# data/dataLoader.py). Train ROIs come in the train archives (s1_<region>.tar.gz, the
+# reference's --root1); val and test ROIs in the test archives (s1_<region>_test.tar.gz, --root2).
+REGION_SPLITS: dict[str, dict[str, tuple[str, ...]]] = {
+    "africa": {
+        "test": ("ROIs2017/32", "ROIs2017/140"),
+        "val": ("ROIs2017/22",),
+        "train": ("ROIs1970/21", "ROIs1970/35", "ROIs1970/40", "ROIs2017/8", "ROIs2017/61", "ROIs2017/75"),
+    },
+    "america": {
+        "test": ("ROIs1158/106", "ROIs1970/132"),
+        "val": ("ROIs1970/65",),
+        "train": ("ROIs1868/36", "ROIs1868/85", "ROIs1970/82", "ROIs1970/142", "ROIs2017/49", "ROIs2017/116"),
+    },
+    "asiaEast": {
+        "test": ("ROIs1868/73", "ROIs1868/119", "ROIs1970/139"),
+        "val": ("ROIs2017/117",),
+        "train": ("ROIs1868/114", "ROIs1868/126", "ROIs1868/143", "ROIs1970/116", "ROIs1970/135", "ROIs2017/25"),
+    },
+    "asiaWest": {
+        "test": ("ROIs1868/100",),
+        "val": ("ROIs1868/127",),
+        "train": ("ROIs1970/57", "ROIs1970/83", "ROIs1970/112", "ROIs2017/69", "ROIs2017/115", "ROIs2017/130"),
+    },
+    "europa": {
+        "test": ("ROIs2017/63", "ROIs2017/103", "ROIs2017/108", "ROIs1868/142", "ROIs1970/20"),
+        "val": ("ROIs1868/17",),
+        "train": ("ROIs1868/56", "ROIs1868/121", "ROIs1868/139", "ROIs1970/71", "ROIs1970/91", "ROIs1970/119",
+                  "ROIs1970/128", "ROIs1970/133", "ROIs1970/144", "ROIs1970/149", "ROIs2017/146"),
+    },
+}  # fmt: skip
+REGIONS: tuple[str, ...] = tuple(REGION_SPLITS)
+
 
 @dataclass(frozen=True, order=True)
 class RoiId:
@@ -38,6 +71,25 @@ class RoiId:
     def slug(self) -> str:
         """File-name form, as in results/prepared/rois/{slug}.zarr."""
         return f"{self.rois}_{self.roi}"
+
+
+def _dataset_rois() -> dict[RoiId, tuple[str, str]]:
+    return {
+        parse_roi(text): (region, split)
+        for region, splits in REGION_SPLITS.items()
+        for split, names in splits.items()
+        for text in names
+    }
+
+
+def dataset_region(roi: RoiId) -> tuple[str, str] | None:
+    """(region, split) of one of the dataset's 53 ROIs; None for an id the dataset does not have."""
+    return _DATASET_ROIS.get(roi)
+
+
+def dataset_rois() -> list[RoiId]:
+    """The 53 ROIs of SEN12MS-CR-TS, sorted."""
+    return sorted(_DATASET_ROIS)
 
 
 def parse_roi(text: str) -> RoiId:
@@ -93,13 +145,45 @@ def parse_name(filename: str) -> RawName:
 
 
 def discover_rois(root: Path) -> list[RoiId]:
-    """Every <ROIsXXXX>/<roi> folder under a raw root, sorted."""
+    """Every <ROIsXXXX>/<roi> folder under an extracted raw root, sorted."""
     found = []
     for rois_dir in sorted(Path(root).glob("ROIs[0-9][0-9][0-9][0-9]")):
         for roi_dir in rois_dir.iterdir():
             if roi_dir.is_dir() and roi_dir.name.isdigit():
                 found.append(RoiId(rois_dir.name, int(roi_dir.name)))
     return sorted(found)
+
+
+class TreeSource:
+    """An extracted raw root: <root>/ROIsXXXX/<roi>/{S1,S2}/<t>/<file>.tif.
+
+    Every raw source (this one, and archives in vcloud.data.archive) answers the same four
+    questions, so pairing and problem reporting are written once (scan_roi).
+    """
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    def has(self, roi: RoiId, kind: str) -> bool:
+        return (self.root / roi.rois / str(roi.roi)).is_dir()
+
+    def list_folder(self, roi: RoiId, kind: str, t: int) -> list[tuple[str, bool]] | None:
+        """(entry name, is a folder) of one time folder, sorted; None when the folder is missing."""
+        folder = self.root / roi.rois / str(roi.roi) / kind.upper() / str(t)
+        if not folder.is_dir():
+            return None
+        return [(path.name, path.is_dir()) for path in sorted(folder.iterdir())]
+
+    def where(self, roi: RoiId, kind: str, t: int, filename: str = "") -> str:
+        path = self.root / roi.rois / str(roi.roi) / kind.upper() / str(t)
+        return str(path / filename) if filename else str(path)
+
+    def open(self, name: RawName):
+        """What read_image reads: here the file's path."""
+        return name.path(self.root)
 
 
 @dataclass
@@ -115,48 +199,64 @@ class Problem:
 
 @dataclass
 class RoiScan:
-    """What a ROI folder holds, paired by (patch, t)."""
+    """What a ROI holds, paired by (patch, t), and the source each kind is read from."""
 
     roi: RoiId
     times: int
     # (patch, t) -> {"s1": RawName, "s2": RawName}; a missing kind is absent from the dict.
     images: dict[tuple[int, int], dict[str, RawName]] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
+    sources: dict = field(default_factory=dict)  # kind -> source (TreeSource, ArchiveSource)
 
     @property
     def patches(self) -> list[int]:
         return sorted({patch for patch, _ in self.images})
 
+    def where(self, name: RawName) -> str:
+        """The file as a person finds it: a path, or archive.tar.gz:member."""
+        return self.sources[name.kind].where(self.roi, name.kind, name.t, name.filename)
 
-def scan_roi(root: Path, roi: RoiId, *, times: int = N_TIMES) -> RoiScan:
+    def open(self, name: RawName):
+        return self.sources[name.kind].open(name)
+
+
+def scan_roi(root, roi: RoiId, *, times: int = N_TIMES) -> RoiScan:
     """List and pair the raw files of one ROI; file-level problems are collected, not raised.
 
-    Raises BadInputError when the ROI folder is missing or holds no image at all.
+    `root` is an extracted raw root (a path), or a dict kind -> source for each of s1 and s2
+    (vcloud.data.archive.resolve_sources). Raises BadInputError when the ROI is missing or
+    holds no image at all.
     """
-    roi_dir = Path(root) / roi.rois / str(roi.roi)
-    if not roi_dir.is_dir():
-        raise BadInputError(f"{roi_dir}: ROI folder not found")
-    scan = RoiScan(roi=roi, times=times)
+    if isinstance(root, dict):
+        sources = root
+        label = " and ".join(sorted({str(src) for src in sources.values()})) or "the raw sources"
+    else:
+        tree = TreeSource(root)
+        if not tree.has(roi, "s2"):
+            raise BadInputError(f"{Path(root) / roi.rois / str(roi.roi)}: ROI folder not found")
+        sources = {kind: tree for kind in KINDS}
+        label = str(Path(root) / roi.rois / str(roi.roi))
+    scan = RoiScan(roi=roi, times=times, sources=sources)
     for kind in KINDS:
-        kind_dir = roi_dir / kind.upper()
+        source = sources.get(kind)
         for t in range(times):
-            t_dir = kind_dir / str(t)
-            if not t_dir.is_dir():
-                scan.problems.append(Problem(str(t_dir), "missing time folder", kind=kind, t=t))
+            entries = source.list_folder(roi, kind, t) if source is not None else None
+            if entries is None:
+                where = source.where(roi, kind, t) if source is not None else f"{roi}/{kind.upper()}/{t}"
+                scan.problems.append(Problem(where, "missing time folder", kind=kind, t=t))
                 continue
-            for path in sorted(t_dir.iterdir()):
-                _add_file(scan, path, kind, t)
+            for entry, is_dir in entries:
+                _add_file(scan, source.where(roi, kind, t, entry), entry, is_dir, kind, t)
     if not scan.images:
-        raise BadInputError(f"{roi_dir}: empty ROI (no parseable S1 or S2 image under S1/<t>/, S2/<t>/)")
+        raise BadInputError(f"{label}: empty ROI {roi} (no parseable S1 or S2 image under S1/<t>/, S2/<t>/)")
     missing_folders = {(p.kind, p.t) for p in scan.problems if p.reason == "missing time folder"}
     for (patch, t), pair in sorted(scan.images.items()):
         for kind in KINDS:
             if kind not in pair and (kind, t) not in missing_folders:
                 other = pair["s2" if kind == "s1" else "s1"]
-                where = other.path(root).parent.parent.parent / kind.upper() / str(t)
                 scan.problems.append(
                     Problem(
-                        str(where),
+                        sources[kind].where(roi, kind, t),
                         f"{kind.upper()} partner missing for {other.filename}",
                         kind=kind,
                         patch=patch,
@@ -166,20 +266,20 @@ def scan_roi(root: Path, roi: RoiId, *, times: int = N_TIMES) -> RoiScan:
     return scan
 
 
-def _add_file(scan: RoiScan, path: Path, kind: str, t: int) -> None:
-    if path.is_dir():
-        scan.problems.append(Problem(str(path), "unexpected folder inside a time folder", kind=kind, t=t))
+def _add_file(scan: RoiScan, where: str, entry: str, is_dir: bool, kind: str, t: int) -> None:
+    if is_dir:
+        scan.problems.append(Problem(where, "unexpected folder inside a time folder", kind=kind, t=t))
         return
     try:
-        name = parse_name(path.name)
+        name = parse_name(entry)
     except ValueError as err:
-        scan.problems.append(Problem(str(path), str(err), kind=kind, t=t))
+        scan.problems.append(Problem(where, str(err), kind=kind, t=t))
         return
-    where = (name.kind, name.rois, name.roi, name.t)
-    if where != (kind, scan.roi.rois, scan.roi.roi, t):
+    found = (name.kind, name.rois, name.roi, name.t)
+    if found != (kind, scan.roi.rois, scan.roi.roi, t):
         scan.problems.append(
             Problem(
-                str(path),
+                where,
                 f"file name says {name.kind}/{name.rois}/{name.roi}/t={name.t} "
                 f"but the file lies in {kind.upper()}/{t} of {scan.roi}",
                 kind=kind,
@@ -191,7 +291,7 @@ def _add_file(scan: RoiScan, path: Path, kind: str, t: int) -> None:
     if kind in pair:
         scan.problems.append(
             Problem(
-                str(path),
+                where,
                 f"second {kind.upper()} image for patch {name.patch} at t={t} "
                 f"(first: {pair[kind].filename})",
                 kind=kind,
@@ -201,3 +301,6 @@ def _add_file(scan: RoiScan, path: Path, kind: str, t: int) -> None:
         )
         return
     pair[kind] = name
+
+
+_DATASET_ROIS = _dataset_rois()

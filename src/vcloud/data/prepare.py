@@ -1,5 +1,11 @@
 """One raw ROI -> one prepared store (results/prepared/rois/{roi}.zarr) and its bad-file list.
 
+The raw ROI comes from the downloaded archives (read in place through their index, see
+vcloud.data.archive) or from an extracted tree. Locations are prepared by `workers` threads
+(decoding, s2cloudless with one LightGBM thread each: both release the GIL) and handed to the
+store writer in patch order, at most workers + 1 locations in memory: the store is byte-identical
+whatever the number of workers.
+
 Policy for bad input (`on_bad_image`):
 - fail: the first problem raises one line naming the file and what is wrong; nothing is written.
 - skip: bad images are marked missing (valid_s1/valid_s2 False), listed with their reason in
@@ -10,6 +16,8 @@ from __future__ import annotations
 
 import csv
 import logging
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -19,6 +27,7 @@ from tqdm import tqdm
 from vcloud.constants import CLOUD_CLASS_MISSING, S1_BANDS, S1_CLIP_DB, S2_BANDS
 from vcloud.data.clouds import CloudThresholds, cloud_cover_and_class, cloud_mask, cloud_probability
 from vcloud.data.geotiff import NO_GEOREF, BadImageError, GeoRef, read_image
+from vcloud.data.archive import resolve_sources
 from vcloud.data.layout import Problem, RoiId, scan_roi
 from vcloud.data.wind import WindSource
 from vcloud.data.store import (
@@ -45,7 +54,7 @@ def bad_tsv_path(store: Path) -> Path:
 
 def prepare_roi(
     *,
-    raw: Path,
+    raw: Path | list[Path],
     roi: RoiId,
     out: Path,
     on_bad_image: str = "fail",
@@ -53,14 +62,22 @@ def prepare_roi(
     size: int = 256,
     thresholds: CloudThresholds = CloudThresholds(),
     wind_table: Path | None = None,
+    workers: int = 1,
+    index_dir: Path | None = None,
 ) -> dict:
-    """Prepare one ROI; returns the summary counts that are also logged."""
+    """Prepare one ROI; returns the summary counts that are also logged.
+
+    raw: one path or several (e.g. the train and the val/test download roots); each a folder
+    of downloaded archives, one archive, or an extracted tree. index_dir: where the archives'
+    indexes are (default: beside each archive); a missing one is built, a stale one refused.
+    """
     if on_bad_image not in ("fail", "skip"):
         raise BadInputError(f"on_bad_image: '{on_bad_image}' is not one of fail, skip")
-    raw, out = Path(raw), Path(out)
-    if not raw.is_dir():
-        raise BadInputError(f"{raw}: raw dataset folder not found")
-    scan = scan_roi(raw, roi, times=times)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise BadInputError(f"workers: {workers!r} is not a positive number of threads")
+    raws = [Path(p) for p in raw] if isinstance(raw, (list, tuple)) else [Path(raw)]
+    out = Path(out)
+    scan = scan_roi(resolve_sources(raws, roi, index_dir=index_dir), roi, times=times)
     problems = list(scan.problems)
     _fail_on(problems, on_bad_image)
     wind = WindSource(wind_table, roi) if wind_table else None
@@ -72,16 +89,34 @@ def prepare_roi(
         "cloud_thresholds": asdict(thresholds),
         "wind_table": str(wind_table) if wind_table else None,
     }
-    attrs = store_attrs(source=f"SEN12MS-CR-TS raw tree {raw.resolve()}", options=options)
+    where = ", ".join(sorted({str(Path(str(source)).resolve()) for source in scan.sources.values()}))
+    attrs = store_attrs(source=f"SEN12MS-CR-TS {where}", options=options)
+
+    def one(patch: int):
+        new_problems: list[Problem] = []
+        ds = _prepare_location(scan, patch, size, thresholds, wind, new_problems)
+        return ds, new_problems
 
     def locations():
-        for patch in tqdm(scan.patches, desc=str(roi), unit="loc", disable=None):
-            new_problems: list[Problem] = []
-            ds = _prepare_location(raw, scan, patch, size, thresholds, wind, new_problems)
-            problems.extend(new_problems)
-            _fail_on(new_problems, on_bad_image)
-            ds.attrs = attrs
-            yield ds
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="prepare") as pool:
+            pending: deque = deque()
+            try:
+                for patch in tqdm(scan.patches, desc=str(roi), unit="loc", disable=None):
+                    pending.append(pool.submit(one, patch))
+                    if len(pending) > workers:  # bounded memory: workers + 1 locations in flight
+                        yield finish(pending.popleft())
+                while pending:
+                    yield finish(pending.popleft())
+            finally:
+                for future in pending:
+                    future.cancel()
+
+    def finish(future):
+        ds, new_problems = future.result()
+        problems.extend(new_problems)
+        _fail_on(new_problems, on_bad_image)
+        ds.attrs = attrs
+        return ds
 
     bad_tsv = bad_tsv_path(out)
     with atomic_output(out) as tmp_store, atomic_output(bad_tsv) as tmp_tsv:
@@ -100,7 +135,7 @@ def _fail_on(problems: list[Problem], policy: str) -> None:
         raise BadInputError(f"{first.path}: {first.reason}{more}")
 
 
-def _prepare_location(raw, scan, patch, size, thresholds, wind, problems):
+def _prepare_location(scan, patch, size, thresholds, wind, problems):
     import xarray as xr
 
     times = scan.times
@@ -114,10 +149,10 @@ def _prepare_location(raw, scan, patch, size, thresholds, wind, problems):
     specs = {"s2": (len(S2_BANDS), np.uint16), "s1": (len(S1_BANDS), np.float32)}
     for t in range(times):
         for kind, name in sorted(scan.images.get((patch, t), {}).items()):
-            path = name.path(raw)
+            path = scan.where(name)
             bands, dtype = specs[kind]
             try:
-                data, image_georef = read_image(path, bands=bands, size=size, dtype=dtype)
+                data, image_georef = read_image(scan.open(name), bands=bands, size=size, dtype=dtype)
                 if kind == "s1":
                     data, nans = _clean_s1(data)
                     nan_pixels[t] = nans
@@ -135,7 +170,8 @@ def _prepare_location(raw, scan, patch, size, thresholds, wind, problems):
     classes = np.full(times, CLOUD_CLASS_MISSING, np.int8)
     good = np.flatnonzero(valid["s2"])
     if len(good):
-        prob[good] = cloud_probability(s2[good])
+        # One LightGBM thread per worker: N workers use N cores (LightGBM alone would take all).
+        prob[good] = cloud_probability(s2[good], num_threads=1)
         cover[good], classes[good] = cloud_cover_and_class(prob[good], cloud_mask(prob[good]), thresholds)
 
     georef = georefs.get("s2") or georefs.get("s1") or NO_GEOREF

@@ -57,11 +57,11 @@ TRUTH_HEADER = ("rois", "roi", "patch", "t", "cloud_class", "cloud_cover")
 CLASS_SHARES = {"clear": 0.4, "thin": 0.2, "thick": 0.25, "opaque": 0.15}
 NEVER_CLEAR_SHARES = {"clear": 0.0, "thin": 0.35, "thick": 0.35, "opaque": 0.3}
 
-# Default ROIs: the first test ROI, the first val ROI, then train ROIs; roi 119 repeats across
-# folders (ROIs1868/119 is test, ROIs1158/119 train). Later names are train ROIs too.
+# Default ROIs, all of them ROIs of SEN12MS-CR-TS (so the reference loader finds every split):
+# the first test ROI, the first val ROI, then train ROIs; roi 119 repeats across folders
+# (ROIs1868/119 is test, ROIs1970/119 train). More ROIs come from the dataset's train list.
 _DEFAULT_ROIS = (
-    RoiId("ROIs1868", 119), RoiId("ROIs2017", 22), RoiId("ROIs1158", 119), RoiId("ROIs1970", 22),
-    RoiId("ROIs1970", 119), RoiId("ROIs2017", 116), RoiId("ROIs1868", 139), RoiId("ROIs1970", 21),
+    RoiId("ROIs1868", 119), RoiId("ROIs2017", 22), RoiId("ROIs1970", 119), RoiId("ROIs1970", 21),
 )  # fmt: skip
 
 # Top-of-atmosphere reflectance x10000 in S2_BANDS order (B1 B2 B3 B4 B5 B6 B7 B8 B8A B9 B10 B11 B12).
@@ -94,20 +94,34 @@ class SynthError(VcloudError, ValueError):
 
 
 def default_rois(n: int) -> list[RoiId]:
-    """n ROI names: one test ROI, one val ROI, then train ROIs (a roi number repeats)."""
+    """n dataset ROIs: one test ROI, one val ROI, then train ROIs (a roi number repeats)."""
+    from vcloud.data.layout import dataset_region, dataset_rois
+
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise SynthError(f"rois: {n!r} is not a positive number of ROIs")
-    names = list(_DEFAULT_ROIS[:n])
-    extra = n - len(names)
-    folders = ("ROIs1158", "ROIs1868", "ROIs1970", "ROIs2017")
-    # Roi numbers from 300 on are in no official list, so these are train ROIs.
-    names += [RoiId(folders[i % 4], 300 + i // 4) for i in range(extra)]
+    rest = [roi for roi in dataset_rois() if roi not in _DEFAULT_ROIS]
+    rest.sort(key=lambda roi: dataset_region(roi)[1] != "train")  # train ROIs first (stable)
+    names = (list(_DEFAULT_ROIS) + rest)[:n]
+    if len(names) < n:
+        raise SynthError(f"rois: {n} default ROIs asked for, but only {len(names)} exist (name them with --roi)")
     return names
 
 
-def write_raw_tree(out: Path, *, rois: list[RoiId], patches: int, times: int, size: int, seed: int) -> None:
-    """Write a synthetic raw tree with wind.csv and truth.csv; the tree appears complete or not at all."""
+def write_raw_tree(out: Path, *, rois: list[RoiId], patches: int, times: int, size: int, seed: int,
+                   archives: bool = False) -> None:
+    """Write a synthetic raw tree with wind.csv and truth.csv; the tree appears complete or not at all.
+
+    archives=True writes the tree as the dataset is downloaded instead: one .tar.gz per kind,
+    region and part ({s1,s2}_<region>[_test].tar.gz, real inner layout) beside wind.csv and
+    truth.csv; the images are the same bytes as in the tree.
+    """
     _check_arguments(rois=rois, patches=patches, times=times, size=size, seed=seed)
+    if archives:
+        from vcloud.data.layout import dataset_region
+
+        other = [str(roi) for roi in rois if dataset_region(roi) is None]
+        if other:
+            raise SynthError(f"rois: {', '.join(other)} not in SEN12MS-CR-TS, so no archive of the dataset holds it")
     out = Path(out)
     if out.exists() and not (out.is_dir() and _replaceable(out)):
         raise SynthError(f"{out}: exists and is not an empty folder or an earlier synthetic tree")
@@ -122,6 +136,8 @@ def write_raw_tree(out: Path, *, rois: list[RoiId], patches: int, times: int, si
                 truth_rows += truth
         _write_csv(tmp / "wind.csv", WIND_HEADER, wind_rows)
         _write_csv(tmp / "truth.csv", TRUTH_HEADER, truth_rows)
+        if archives:
+            _pack_archives(tmp, rois)
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
         shutil.rmtree(old, ignore_errors=True)
         if out.exists():
@@ -151,9 +167,34 @@ def _check_arguments(*, rois, patches, times, size, seed) -> None:
         raise SynthError(f"rois: {', '.join(sorted({str(r) for r in rois if rois.count(r) > 1}))} listed twice")
 
 
+def _pack_archives(root: Path, rois: list[RoiId]) -> None:
+    """Replace the ROI folders under `root` by the archives that hold them in the dataset."""
+    from vcloud.data.archive import archive_for, write_archive
+
+    groups: dict = {}
+    for roi in rois:
+        for kind in ("s1", "s2"):
+            groups.setdefault(archive_for(roi, kind), []).append(roi)
+    for name, members in sorted(groups.items(), key=lambda item: item[0].filename):
+        files = []
+        for roi in members:
+            folder = root / roi.rois / str(roi.roi) / name.kind.upper()
+            files += [(str(p.relative_to(root)), p.read_bytes()) for p in sorted(folder.rglob("*.tif"))]
+        write_archive(root, name, files)
+    for folder in sorted({roi.rois for roi in rois}):
+        shutil.rmtree(root / folder)
+
+
 def _replaceable(out: Path) -> bool:
+    """Empty, an earlier synthetic tree, or what is left of earlier archives (snakemake removes
+    a rule's outputs before rerunning it, but not the archive indexes beside them)."""
+    from vcloud.data.archive import INDEX_SUFFIX, parse_archive_name
+
     entries = {path.name for path in out.iterdir()}
-    return not entries or {"wind.csv", "truth.csv"} <= entries
+    ours = {"wind.csv", "truth.csv"}
+    leftovers = {e for e in entries - ours
+                 if not (parse_archive_name(e) or parse_archive_name(e.removesuffix(INDEX_SUFFIX)))}
+    return not entries or ours <= entries or not leftovers
 
 
 class _Writer:

@@ -207,6 +207,9 @@ def preflight(config: dict, model_set, *, apptainer_args: str | None, precommand
     if memory:
         check_memory(model_set, cluster, report)
     gpu_hours(config, cluster, report)
+    from vcloud.runtime.budget import check_budget  # data budget against cluster.quotas
+
+    check_budget(config, model_set if memory else None, report)
     return report
 
 
