@@ -67,7 +67,6 @@ def _cmd_wind_cache(args: argparse.Namespace) -> None:
         grid_h=args.grid_h,
         grid_w=args.grid_w,
         sectors=args.sectors,
-        regions=tuple(args.regions),
     )
 
 
@@ -215,10 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("wind-cache", help="precompute the wind-scanner orders into an npz file")
     p.add_argument("--out", type=Path, required=True, help="FILE.npz to write")
-    p.add_argument("--grid-h", type=int, default=64)
-    p.add_argument("--grid-w", type=int, default=128)
-    p.add_argument("--sectors", type=int, default=16)
-    p.add_argument("--regions", type=int, nargs=2, default=(32, 32), metavar=("RH", "RW"))
+    p.add_argument("--grid-h", type=int, required=True, help="token rows: patch_size / 8")
+    p.add_argument("--grid-w", type=int, required=True, help="token columns: patch_size / 8")
+    p.add_argument("--sectors", type=int, default=16, help="stage1.model.wind_sectors")
     p.set_defaults(func=_cmd_wind_cache)
 
     p = sub.add_parser("train", help="train one stage (resumes from latest.pt when interrupted)")

@@ -7,6 +7,8 @@ rule wind_cache:
         cache=get_wind_cache(),
     log:
         "logs/wind_cache/wind_cache.log",
+    benchmark:
+        "benchmarks/wind_cache/wind_cache.tsv"
     conda:
         "../../envs/vcloud.yaml"
     container:
@@ -18,8 +20,6 @@ rule wind_cache:
         grid_h=lambda wildcards: get_wind_grid()[0],
         grid_w=lambda wildcards: get_wind_grid()[1],
         sectors=MODEL_SET.stage1.model.wind_sectors,
-        regions=" ".join(map(str, MODEL_SET.stage1.model.wind_regions)),
     shell:
         "vcloud wind-cache --out {output.cache} --grid-h {params.grid_h} --grid-w {params.grid_w}"
-        " --sectors {params.sectors}"
-        " --regions {params.regions} > {log} 2>&1"
+        " --sectors {params.sectors} > {log} 2>&1"
