@@ -29,6 +29,7 @@ rule synth_raw:
 rule prepare_roi:
     input:
         unpack(get_prepare_input),
+        unpack(get_wind_input),
     output:
         store=directory(f"{PREPARED}/rois/{{roi}}.zarr"),
         bad=f"{PREPARED}/rois/{{roi}}.bad.tsv",

@@ -23,3 +23,36 @@ rule wind_cache:
     shell:
         "vcloud wind-cache --out {output.cache} --grid-h {params.grid_h} --grid-w {params.grid_w}"
         " --sectors {params.sectors} > {log} 2>&1"
+
+
+# Real wind for the real dataset: ERA5 u10/v10 for every location and date of the ROIs, from
+# the public ARCO-ERA5 store (no account). A local rule: it needs the network (LUMI login node).
+# prepare_roi takes the result as input when data.wind_table names it (config/lumi.yaml).
+rule era5_wind:
+    input:
+        lambda wildcards: get_era5_input(),
+    output:
+        wind=directory(config["wind"]["era5_table"]),
+    log:
+        "logs/era5_wind/era5_wind.log",
+    benchmark:
+        "benchmarks/era5_wind/era5_wind.tsv"
+    localrule: True
+    conda:
+        "../../envs/vcloud.yaml"
+    container:
+        get_container("wind_cache")
+    threads: 1
+    params:
+        raw=get_raw_dir(),
+        rois=lambda wildcards: " ".join(f"--roi {roi}" for roi in get_era5_rois()),
+        source=(
+            f"--source {config['wind']['era5_source']}"
+            if config["wind"]["era5_source"]
+            else ""
+        ),
+        times=DATA["times"],
+        size=DATA["patch_size"],
+    shell:
+        "vcloud era5-wind --raw {params.raw} {params.rois} --out {output.wind} {params.source}"
+        " --times {params.times} --size {params.size} > {log} 2>&1"
