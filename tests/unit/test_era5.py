@@ -13,7 +13,7 @@ import pytest
 import xarray as xr
 
 from vcloud.cli import main
-from vcloud.data.era5 import ARCO_ERA5, U10, V10, WindNeed, _roi_grid, wind_needs
+from vcloud.data.era5 import ARCO_ERA5, U10, V10, WindNeed, _frame, _roi_grid, wind_needs
 from vcloud.data.layout import RoiId
 from vcloud.data.prepare import prepare_roi
 from vcloud.data.store import open_store
@@ -148,8 +148,9 @@ def test_box_across_the_antimeridian_keeps_longitudes_increasing():
     need = WindNeed(roi=RoiId("ROIs1868", 1), lonlat=np.array([[179.9, 10.0], [-179.95, 10.1]]),
                     dates=(np.datetime64("2018-01-01", "D").astype(object),))  # fmt: skip
     when = np.datetime64("2018-01-01T12", "ns")
-    fields = {when: (np.tile(LON, (721, 1)), np.zeros((721, 1440)))}  # u10 = ARCO longitude
-    grid = _roi_grid(need, fields, LON, LAT, "test")
+    frame = _frame(need, LON, LAT)
+    boxes = {when: (frame.cut(np.tile(LON, (721, 1))), frame.cut(np.zeros((721, 1440))))}  # u10 = ARCO lon
+    grid = _roi_grid(need, frame, boxes, "test")
     lon = grid["longitude"].values
     assert (np.diff(lon) > 0).all() and lon.min() < 179.9 and lon.max() > 180.05
     assert {179.75, 180.0, 180.25} <= set(np.round(lon, 2))

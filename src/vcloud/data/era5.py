@@ -140,24 +140,45 @@ def _box(need: WindNeed, lon: np.ndarray, lat: np.ndarray) -> tuple[np.ndarray, 
     return lon_idx, lat_idx
 
 
-def _roi_grid(need: WindNeed, fields: dict, lon: np.ndarray, lat: np.ndarray, source: str):
-    """One ROI's xarray Dataset: u10/v10 (time, latitude ascending, longitude continuous)."""
-    import xarray as xr
+@dataclass(frozen=True)
+class _Frame:
+    """Where one ROI's box lies in the ERA5 grid, and its coordinates as written."""
 
+    lat_idx: np.ndarray  # grid row of each output latitude (ascending)
+    lon_idx: np.ndarray  # grid column of each output longitude (increasing in the ROI's frame)
+    latitude: np.ndarray
+    longitude: np.ndarray
+
+    def cut(self, field: np.ndarray) -> np.ndarray:  # (lat, lon) global -> (y, x) box
+        return field[np.ix_(self.lat_idx, self.lon_idx)]
+
+
+def _frame(need: WindNeed, lon: np.ndarray, lat: np.ndarray) -> _Frame:
     lon_idx, lat_idx = _box(need, lon, lat)
     centre_lon = _centre_lon(need.lonlat[:, 0])
     # Longitudes written in a frame around the ROI (centre +- 180) so that they increase
     # across 0 or 180 deg; WindSource moves a location's longitude into the same frame.
     lon_out = (lon[lon_idx] - centre_lon + 180.0) % 360.0 - 180.0 + centre_lon
-    lon_order = np.argsort(lon_out)
-    lat_order = np.argsort(lat[lat_idx])
-    when = np.array([np.datetime64(d, "ns") + NOON for d in need.dates], dtype="datetime64[ns]")
-    u = np.stack([fields[t][0][np.ix_(lat_idx[lat_order], lon_idx[lon_order])] for t in when])
-    v = np.stack([fields[t][1][np.ix_(lat_idx[lat_order], lon_idx[lon_order])] for t in when])
+    lon_order, lat_order = np.argsort(lon_out), np.argsort(lat[lat_idx])
+    return _Frame(lat_idx[lat_order], lon_idx[lon_order], lat[lat_idx][lat_order], lon_out[lon_order])
+
+
+def _hours(need: WindNeed) -> np.ndarray:
+    return np.array([np.datetime64(d, "ns") + NOON for d in need.dates], dtype="datetime64[ns]")
+
+
+def _roi_grid(need: WindNeed, frame: _Frame, boxes: dict, source: str):
+    """One ROI's xarray Dataset: u10/v10 (time, latitude ascending, longitude continuous)
+    from its boxes {hour: (u (y, x), v (y, x))}."""
+    import xarray as xr
+
+    when = _hours(need)
+    u = np.stack([boxes[t][0] for t in when])
+    v = np.stack([boxes[t][1] for t in when])
     dims = ("time", "latitude", "longitude")
     return xr.Dataset(
         {"u10": (dims, u.astype(np.float32)), "v10": (dims, v.astype(np.float32))},
-        coords={"time": when, "latitude": lat[lat_idx][lat_order], "longitude": lon_out[lon_order]},
+        coords={"time": when, "latitude": frame.latitude, "longitude": frame.longitude},
         attrs={"roi": str(need.roi), "source": source, "variables": f"{U10}, {V10}",
                "hours": "noon UTC of each acquisition date", "vcloud_version": __version__},
     )  # fmt: skip
@@ -165,13 +186,14 @@ def _roi_grid(need: WindNeed, fields: dict, lon: np.ndarray, lat: np.ndarray, so
 
 def fetch(source: str | None, needs: list[WindNeed], out: Path, *, workers: int = 4) -> dict:
     """Read every needed hour once from `source` (None: ARCO-ERA5), write one group per ROI
-    to `out` (atomic)."""
+    to `out` (atomic). Each hour's global field is cut into the ROIs' boxes at once, so
+    memory holds boxes, not hundreds of global fields."""
     out = Path(out)
     source = source or ARCO_ERA5
     ds = open_source(source, out)
     lon = ds["longitude"].values.astype(np.float64)
     lat = ds["latitude"].values.astype(np.float64)
-    hours = sorted({np.datetime64(d, "ns") + NOON for need in needs for d in need.dates})
+    hours = sorted({t for need in needs for t in _hours(need)})
     available = ds["time"].values
     absent = [h for h in hours if h not in set(available)]
     if absent:
@@ -179,20 +201,26 @@ def fetch(source: str | None, needs: list[WindNeed], out: Path, *, workers: int 
             f"{source}: no ERA5 hour {str(absent[0])[:16]} (and {len(absent) - 1} more); the store "
             f"covers {str(available[0])[:10]} to {str(available[-1])[:10]}"
         )
+    frames = {need.roi.slug: _frame(need, lon, lat) for need in needs}
+    users = {t: [n.roi.slug for n in needs if t in set(_hours(n))] for t in hours}
 
     def load(hour):
         try:
             at = ds.sel(time=hour)
-            return hour, (np.asarray(at[U10].values), np.asarray(at[V10].values))
+            u, v = np.asarray(at[U10].values), np.asarray(at[V10].values)
         except Exception as err:  # a dropped connection mid-fetch: one line, nothing written
             reason = " ".join(str(err).split())[:200]
             raise BadInputError(f"{source}: reading ERA5 hour {str(hour)[:16]} failed "
                                 f"({type(err).__name__}: {reason}); " + no_network_hint(source, out)) from None
+        return hour, {slug: (frames[slug].cut(u), frames[slug].cut(v)) for slug in users[hour]}
 
     log.info("reading %d ERA5 hours for %d ROIs from %s", len(hours), len(needs), source)
+    boxes: dict[str, dict] = {slug: {} for slug in frames}
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        fields = dict(pool.map(load, hours))
-    grids = {need.roi.slug: _roi_grid(need, fields, lon, lat, source) for need in needs}
+        for hour, cut in pool.map(load, hours):
+            for slug, pair in cut.items():
+                boxes[slug][hour] = pair
+    grids = {n.roi.slug: _roi_grid(n, frames[n.roi.slug], boxes[n.roi.slug], source) for n in needs}
     _write_atomic(out, grids)
     return {"rois": len(grids), "hours": len(hours), "bytes": _folder_bytes(out)}
 
