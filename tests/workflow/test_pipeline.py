@@ -122,7 +122,7 @@ def test_viewer_export_is_byte_identical_across_runs(data_run, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "vcloud.cli", "export-viewer", "--store", "results/prepared/test.zarr",
          "--results", "results", "--config", SMALL["model_config"], "--out", str(tmp_path / "again"),
-         "--samples", "12", "--seed", "0"],
+         "--samples", "12", "--seed", "0", "--wind-cache", "results/wind/scan_orders.npz"],
         cwd=work, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
