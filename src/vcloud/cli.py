@@ -96,8 +96,17 @@ def _cmd_wind_cache(args: argparse.Namespace) -> None:
         grid_h=args.grid_h,
         grid_w=args.grid_w,
         sectors=args.sectors,
-        regions=tuple(args.regions),
     )
+
+
+def _cmd_era5_wind(args: argparse.Namespace) -> None:
+    import json
+
+    from vcloud.data.era5 import fetch, wind_needs
+    from vcloud.data.layout import parse_roi
+
+    needs = [wind_needs(args.raw, parse_roi(text), times=args.times, size=args.size) for text in args.roi]
+    print(json.dumps(fetch(args.source, needs, args.out, workers=args.workers)))
 
 
 def _apply_env(args: argparse.Namespace) -> None:
@@ -259,12 +268,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("store", type=Path, help="FILE.zarr (a per-ROI or split store)")
     p.set_defaults(func=_cmd_verify)
 
+    p = sub.add_parser("era5-wind", help="ERA5 10 m wind for every location and date of raw ROIs (network)")
+    p.add_argument("--raw", type=Path, required=True, help="raw SEN12MS-CR-TS root")
+    p.add_argument("--roi", required=True, action="append", help="ROIsXXXX/NNN (repeat for several)")
+    p.add_argument("--out", type=Path, required=True, help="FOLDER.zarr to write (one group per ROI)")
+    p.add_argument("--source", default=None, help="ERA5 zarr store (default: the public ARCO-ERA5 store)")
+    p.add_argument("--times", type=int, default=N_TIMES, help="expected dates per location")
+    p.add_argument("--size", type=int, default=PATCH_SIZE, help="expected pixels per side")
+    p.add_argument("--workers", type=int, default=4, help="ERA5 hours read at once")
+    p.set_defaults(func=_cmd_era5_wind)
+
     p = sub.add_parser("wind-cache", help="precompute the wind-scanner orders into an npz file")
     p.add_argument("--out", type=Path, required=True, help="FILE.npz to write")
-    p.add_argument("--grid-h", type=int, default=64)
-    p.add_argument("--grid-w", type=int, default=128)
-    p.add_argument("--sectors", type=int, default=16)
-    p.add_argument("--regions", type=int, nargs=2, default=(32, 32), metavar=("RH", "RW"))
+    p.add_argument("--grid-h", type=int, required=True, help="token rows: patch_size / 8")
+    p.add_argument("--grid-w", type=int, required=True, help="token columns: patch_size / 8")
+    p.add_argument("--sectors", type=int, default=16, help="stage1.model.wind_sectors")
     p.set_defaults(func=_cmd_wind_cache)
 
     p = sub.add_parser("train", help="train one stage (resumes from latest.pt when interrupted)")

@@ -258,7 +258,6 @@ class CFDTConfig:
     day_embedding: int = 32  # channels of the day-offset embedding
     wind_scan: bool = False  # wind-ordered token mixing in the TMT (needs the wind cache)
     wind_sectors: int = 16  # wind sectors of the scan orders (sector i: angle 2*pi*i/S from east)
-    wind_regions: tuple[int, int] = (1, 1)  # regions of the cache's regional orders (must divide the grid)
     wind_allow_recompute: bool = False  # one process only: compute missing orders in memory, with a warning
     optimisations: Optimisations = Optimisations()
 

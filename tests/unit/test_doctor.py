@@ -124,7 +124,9 @@ def test_distributed_wind_scan_without_cache_input(base, model_set):
     report = run(config, scanning, inputs=inputs)
     assert report.errors == ["train_stage2: 8 ranks scan by wind but the rule does not take the "
                              "wind cache (results/wind/scan_orders.npz) as input"]
-    assert run(config, model_set, inputs=inputs).errors == []  # no wind scan: no cache needed
+    calm = dataclasses.replace(model_set.stage1.model, wind_scan=False)
+    no_scan = dataclasses.replace(model_set, stage1=dataclasses.replace(model_set.stage1, model=calm))
+    assert run(config, no_scan, inputs=inputs).errors == []  # no wind scan: no cache needed
 
 
 def test_memory_above_one_gcd(base, model_set):

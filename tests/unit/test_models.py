@@ -123,7 +123,7 @@ def test_full_parameter_counts_on_meta_device(full):
 def wind_cfdt(small) -> CFDT:
     model = make_cfdt(small, wind_scan=True)
     grid = SIZE // model.downsample
-    cache = compute_cache(grid_h=grid, grid_w=grid, sectors=8, regions=(1, 1))
+    cache = compute_cache(grid_h=grid, grid_w=grid, sectors=8)
     model.set_wind_orders(torch.from_numpy(cache.orders), torch.from_numpy(cache.inverse))
     return model
 
@@ -309,3 +309,18 @@ def test_ddim_sampling_is_deterministic_per_seed(small):
     assert first.shape == shape and torch.isfinite(first).all()
     assert torch.equal(first, again)
     assert (first - other).abs().mean() > 1e-3
+
+
+def test_wind_cfdt_on_a_crop_mixes_along_the_window_orders(small):
+    # Training crops are smaller than the whole-patch grid the cache was made for: the crop
+    # runs, and its sectors change the output (it scans by wind, not row-major).
+    model = make_cfdt(small, wind_scan=True).eval()
+    grid = 2 * SIZE // model.downsample  # the cache of a patch twice the crop's size
+    cache = compute_cache(grid_h=grid, grid_w=grid, sectors=8)
+    model.set_wind_orders(torch.from_numpy(cache.orders), torch.from_numpy(cache.inverse), grid=cache.grid)
+    x, days, target_index = cfdt_batch()
+    with torch.no_grad():
+        calm = model(x, days, target_index, torch.tensor([-1, -1]))
+        windy = model(x, days, target_index, torch.tensor([2, 5]))
+    assert calm.shape == windy.shape == (B, 13, SIZE, SIZE)
+    assert not torch.allclose(calm, windy, atol=1e-4)

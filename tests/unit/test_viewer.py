@@ -88,6 +88,7 @@ def tiny_checkpoints(tmp_path_factory, one_thread):
     root = tmp_path_factory.mktemp("viewer")
     models = yaml.safe_load((ROOT / "tests/workflow/tiny_models.yaml").read_text())
     models["data"]["clear_max_cover"] = 1.01  # every date of the tiny store may be a target
+    models["stage1"]["model"]["wind_scan"] = False  # the viewer with wind: the shared pipeline run
     (root / "models.yaml").write_text(yaml.safe_dump(models))
     cfg = load_model_config(root / "models.yaml")
     torch.manual_seed(0)
@@ -142,8 +143,12 @@ def test_export_is_byte_identical_and_replaces_a_previous_one(tiny_checkpoints, 
 def test_cli_export_viewer_names_a_missing_checkpoint_in_one_line(tiny_store, tmp_path, capsys):
     from vcloud.cli import main
 
+    from vcloud.wind.cache import write_cache
+
+    write_cache(tmp_path / "w.npz", grid_h=4, grid_w=4, sectors=8)  # tiny_models.yaml scans by wind
     status = main(["export-viewer", "--store", str(tiny_store), "--results", str(tmp_path / "nothing"),
-                   "--config", str(ROOT / "tests/workflow/tiny_models.yaml"), "--out", str(tmp_path / "v")])  # fmt: skip
+                   "--config", str(ROOT / "tests/workflow/tiny_models.yaml"), "--out", str(tmp_path / "v"),
+                   "--wind-cache", str(tmp_path / "w.npz")])  # fmt: skip
     err = capsys.readouterr().err.strip()
     assert status == 2 and len(err.splitlines()) == 1 and "best.pt" in err
     assert not (tmp_path / "v/index.html").exists()

@@ -1,4 +1,4 @@
-"""Wind-scanner cache: exact orders, grid-true regions, the npz file and its checks."""
+"""Wind-scanner cache: exact orders, window orders for crops, the npz file and its checks."""
 
 from __future__ import annotations
 
@@ -18,15 +18,15 @@ from vcloud.wind.cache import (
     get_scan_orders,
     global_order,
     load_cache,
-    region_patch_indices,
     scan_keys,
     sector_angles,
     sector_from_wind,
+    window_orders,
     write_cache,
 )
 
-TOPOFLOW = {"grid_h": 64, "grid_w": 128, "sectors": 16, "regions": (32, 32)}
-SMALL = {"grid_h": 4, "grid_w": 8, "sectors": 8, "regions": (2, 2)}
+TOPOFLOW = {"grid_h": 64, "grid_w": 128, "sectors": 16}
+SMALL = {"grid_h": 4, "grid_w": 8, "sectors": 8}
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +53,6 @@ def is_permutation(rows: np.ndarray) -> bool:
 def test_every_order_is_a_permutation(topoflow):
     assert topoflow.orders.shape == (16, 64 * 128)
     assert is_permutation(topoflow.orders)
-    assert topoflow.regional_orders.shape == (1024, 16, 8)
-    assert is_permutation(topoflow.regional_orders)
 
 
 def test_projection_is_monotone_along_every_order(topoflow):
@@ -81,8 +79,6 @@ def test_inverse_composes_to_identity(topoflow):
     for s in range(16):
         np.testing.assert_array_equal(topoflow.orders[s][topoflow.inverse[s]], np.arange(n))
         np.testing.assert_array_equal(topoflow.inverse[s][topoflow.orders[s]], np.arange(n))
-    local = np.take_along_axis(topoflow.regional_orders, topoflow.regional_inverse, axis=-1)
-    assert (local == np.arange(8)).all()
 
 
 @pytest.mark.parametrize("sectors", [4, 8, 16])
@@ -98,7 +94,7 @@ def test_axis_aligned_and_diagonal_ties_on_3x4_by_hand():
     # Row-major indices of a 3x4 grid:   0  1  2  3   (top, y = +1)
     #                                    4  5  6  7
     #                                    8  9 10 11   (bottom, y = -1)
-    cache = compute_cache(grid_h=3, grid_w=4, sectors=8, regions=(1, 1))
+    cache = compute_cache(grid_h=3, grid_w=4, sectors=8)
     expected = {
         0: [0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11],  # east: west column first, ties top-down
         2: [8, 9, 10, 11, 4, 5, 6, 7, 0, 1, 2, 3],  # north: bottom row first
@@ -116,33 +112,20 @@ def test_axis_aligned_and_diagonal_ties_on_3x4_by_hand():
 
 
 def test_single_row_or_column_grids():
-    row = compute_cache(grid_h=1, grid_w=5, sectors=4, regions=(1, 1))
+    row = compute_cache(grid_h=1, grid_w=5, sectors=4)
     assert row.orders.tolist() == [
         [0, 1, 2, 3, 4],
         [0, 1, 2, 3, 4],
         [4, 3, 2, 1, 0],
         [0, 1, 2, 3, 4],
     ]
-    column = compute_cache(grid_h=3, grid_w=1, sectors=4, regions=(3, 1))
+    column = compute_cache(grid_h=3, grid_w=1, sectors=4)
     assert column.orders.tolist() == [[0, 1, 2], [2, 1, 0], [0, 1, 2], [0, 1, 2]]
-    assert column.regional_orders.shape == (3, 4, 1)
 
 
-def test_region_patches_are_grid_true_on_4x8_by_hand():
-    # 4x8 grid in 2x2 regions of 2x4 patches; region 0 is the top-left 2x4 block, not the
-    # 1x8 strip of row-major tokens 0..7.
-    patches = region_patch_indices(4, 8, (2, 2))
-    assert patches.tolist() == [
-        [0, 1, 2, 3, 8, 9, 10, 11],
-        [4, 5, 6, 7, 12, 13, 14, 15],
-        [16, 17, 18, 19, 24, 25, 26, 27],
-        [20, 21, 22, 23, 28, 29, 30, 31],
-    ]
-
-
-def test_regional_orders_on_4x8_by_hand():
-    cache = compute_cache(**SMALL)
-    # Region-local indices of a 2x4 region:  0 1 2 3 / 4 5 6 7.
+def test_window_orders_on_4x8_by_hand():
+    orders = compute_cache(**SMALL).orders
+    # Window-local indices of a 2x4 window:  0 1 2 3 / 4 5 6 7.
     # North-east uses the grid's aspect: key ~ 3*(2col-7) + 7*(3-2row) = 6col - 14row (+0).
     expected = {
         0: [0, 4, 1, 5, 2, 6, 3, 7],  # east
@@ -150,27 +133,37 @@ def test_regional_orders_on_4x8_by_hand():
         2: [4, 5, 6, 7, 0, 1, 2, 3],  # north
         4: [3, 7, 2, 6, 1, 5, 0, 4],  # west
     }
-    for region in range(4):
-        for sector, order in expected.items():
-            assert cache.regional_orders[region, sector].tolist() == order, (region, sector)
+    window = window_orders(orders, (4, 8), (2, 4))
+    for sector, order in expected.items():
+        assert window[sector].tolist() == order, sector
 
 
-def test_regional_orders_follow_global_keys(topoflow):
-    patches = region_patch_indices(64, 128, (32, 32))  # (R, P)
-    for s, angle in enumerate(sector_angles(16)):
-        keys = scan_keys(64, 128, angle)
-        global_idx = np.take_along_axis(patches, topoflow.regional_orders[:, s], axis=-1)
-        assert (np.diff(keys[global_idx], axis=-1) >= 0).all(), s
+@pytest.mark.parametrize("window", [(3, 3), (5, 7), (1, 4), (8, 8)])
+def test_every_window_of_a_shape_scans_in_the_same_order(window):
+    # What lets a random training crop use the whole patch's orders: the global key
+    # restricted to any h x w window at any offset sorts it as the top-left window does.
+    grid, sectors = (8, 8), 16
+    orders = compute_cache(grid_h=8, grid_w=8, sectors=sectors).orders
+    h, w = window
+    local = window_orders(orders, grid, window)  # (S, h*w)
+    assert is_permutation(local)
+    for s, angle in enumerate(sector_angles(sectors)):
+        keys = scan_keys(*grid, angle)
+        for r0 in range(grid[0] - h + 1):
+            for c0 in range(grid[1] - w + 1):
+                rows, cols = np.divmod(np.arange(h * w), w)
+                global_idx = (rows + r0) * grid[1] + cols + c0
+                expected = np.lexsort((np.arange(h * w), keys[global_idx]))
+                assert local[s].tolist() == expected.tolist(), (s, r0, c0)
+
+
+def test_window_larger_than_the_grid_is_refused():
+    orders = compute_cache(**SMALL).orders
+    with pytest.raises(ConfigError, match="window 5x4 does not fit the wind cache's grid 4x8"):
+        window_orders(orders, (4, 8), (5, 4))
 
 
 # --- arguments -------------------------------------------------------------------------
-
-
-def test_regions_must_divide_the_grid(tmp_path):
-    with pytest.raises(ConfigError, match=r"--regions 5 5 .*grid 64x128") as err:
-        write_cache(tmp_path / "w.npz", grid_h=64, grid_w=128, sectors=16, regions=(5, 5))
-    assert "\n" not in str(err.value)
-    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(
@@ -179,8 +172,7 @@ def test_regions_must_divide_the_grid(tmp_path):
         ({"grid_h": 0}, "--grid-h"),
         ({"grid_w": -3}, "--grid-w"),
         ({"sectors": 0}, "--sectors"),
-        ({"regions": (0, 1)}, "--regions"),
-        ({"grid_h": 2**16, "grid_w": 2**16, "regions": (1, 1)}, "--grid-h/--grid-w"),
+        ({"grid_h": 2**16, "grid_w": 2**16}, "--grid-h/--grid-w"),
     ],
 )
 def test_bad_arguments_name_the_option(tmp_path, kwargs, option):
@@ -197,34 +189,32 @@ def test_file_round_trip_and_meta(tmp_path):
     assert sorted(p.name for p in path.parent.iterdir()) == ["scan_orders.npz"]
     cache = load_cache(path, **TOPOFLOW)
     expected = compute_cache(**TOPOFLOW)
-    for name in ("orders", "inverse", "regional_orders", "regional_inverse"):
+    for name in ("orders", "inverse"):
         array = getattr(cache, name)
         assert array.dtype == np.int64
         np.testing.assert_array_equal(array, getattr(expected, name))
     assert cache.meta["grid"] == [64, 128]
     assert cache.meta["sectors"] == 16
-    assert cache.meta["regions"] == [32, 32]
     assert cache.meta["format_version"] == FORMAT_VERSION
     assert cache.meta["checksum_sha256"] == expected.meta["checksum_sha256"]
     assert "counter-clockwise" in cache.meta["angle_convention"]
-    assert cache.grid == (64, 128) and cache.sectors == 16 and cache.regions == (32, 32)
-    assert load_cache(path, grid_h=64, grid_w=128, sectors=16).regions == (32, 32)
+    assert cache.grid == (64, 128) and cache.sectors == 16
+    with np.load(path, allow_pickle=False) as npz:
+        assert sorted(npz.files) == ["inverse", "meta", "orders"]  # no regional orders (v2)
 
 
 def test_stored_dtypes_are_the_smallest_unsigned(tmp_path):
     cases = [
-        (TOPOFLOW, np.uint16, np.uint8),  # 8192 patches, 8 per region
-        ({"grid_h": 16, "grid_w": 16, "sectors": 4, "regions": (1, 1)}, np.uint8, np.uint8),
-        ({"grid_h": 1, "grid_w": 300, "sectors": 4, "regions": (1, 1)}, np.uint16, np.uint16),
+        (TOPOFLOW, np.uint16),  # 8192 patches
+        ({"grid_h": 16, "grid_w": 16, "sectors": 4}, np.uint8),
+        ({"grid_h": 1, "grid_w": 300, "sectors": 4}, np.uint16),
     ]
-    for i, (kwargs, global_dtype, regional_dtype) in enumerate(cases):
+    for i, (kwargs, global_dtype) in enumerate(cases):
         path = tmp_path / f"w{i}.npz"
         write_cache(path, **kwargs)
         with np.load(path, allow_pickle=False) as npz:
             assert npz["orders"].dtype == global_dtype
             assert npz["inverse"].dtype == global_dtype
-            assert npz["regional_orders"].dtype == regional_dtype
-            assert npz["regional_inverse"].dtype == regional_dtype
             assert npz["meta"].dtype.kind == "U"
 
 
@@ -252,9 +242,9 @@ def test_changed_array_value_fails_the_checksum(tmp_path):
 def test_edited_meta_layout_fails_the_checksum(tmp_path):
     path = tmp_path / "w.npz"
     write_cache(path, **SMALL)
-    rewrite(path, meta_changes={"regions": [1, 1]})
+    rewrite(path, meta_changes={"grid": [8, 4]})
     with pytest.raises(BadInputError, match="checksum"):
-        load_cache(path, **{**SMALL, "regions": None})
+        load_cache(path, **{**SMALL, "grid_h": 8, "grid_w": 4})
 
 
 def test_inverse_that_is_not_the_inverse_is_refused_even_with_a_valid_checksum(tmp_path):
@@ -265,7 +255,7 @@ def test_inverse_that_is_not_the_inverse_is_refused_even_with_a_valid_checksum(t
     with np.load(path, allow_pickle=False) as npz:
         arrays = {name: npz[name] for name in npz.files if name != "meta"}
     arrays["inverse"] = arrays["orders"].copy()  # a permutation, but not the inverse
-    checksum = _checksum(arrays, (4, 8), 8, (2, 2))
+    checksum = _checksum(arrays, (4, 8), 8)
     rewrite(path, meta_changes={"checksum_sha256": checksum}, array_changes=arrays)
     with pytest.raises(BadInputError, match="inverse is not the inverse of orders"):
         load_cache(path, **SMALL)
@@ -294,7 +284,6 @@ def test_not_an_npz_is_reported(tmp_path):
     [
         ({"grid_h": 8, "grid_w": 16}, "grid 4x8 in the file, model config wants 8x16"),
         ({"sectors": 16}, "8 sectors in the file, model config wants 16"),
-        ({"regions": (1, 2)}, "regions 2x2 in the file, model config wants 1x2"),
     ],
 )
 def test_mismatch_errors_name_the_file(tmp_path, expected, message):
@@ -312,6 +301,23 @@ def test_version_mismatch_names_the_file(tmp_path):
     with pytest.raises(ConfigError, match="version") as err:
         load_cache(path, **SMALL)
     assert str(err.value).startswith(f"{path}: ") and "\n" not in str(err.value)
+
+
+def test_format_version_1_cache_is_refused_with_one_line(tmp_path):
+    # A cache written before regional orders were dropped: v1 meta, four arrays.
+    path = tmp_path / "scan_orders.npz"
+    orders = compute_cache(**SMALL).orders.astype(np.uint8)
+    meta = {"format": "vcloud-wind-cache", "format_version": 1, "grid": [4, 8], "sectors": 8,
+            "regions": [2, 2], "checksum_sha256": "0" * 64}
+    np.savez_compressed(path, orders=orders, inverse=np.argsort(orders, axis=1).astype(np.uint8),
+                        regional_orders=np.zeros((4, 8, 8), np.uint8),
+                        regional_inverse=np.zeros((4, 8, 8), np.uint8), meta=np.array(json.dumps(meta)))
+    with pytest.raises(ConfigError) as err:
+        load_cache(path, **SMALL)
+    message = str(err.value)
+    assert message.startswith(f"{path}: format 'vcloud-wind-cache' version 1 in the file")
+    assert f"version {FORMAT_VERSION}" in message and "rerun `vcloud wind-cache" in message
+    assert "\n" not in message
 
 
 def test_missing_file_names_the_file(tmp_path):
@@ -374,16 +380,16 @@ def test_existing_file_is_loaded_and_checked_under_ddp(tmp_path):
 def test_cli_writes_a_loadable_cache(tmp_path):
     path = tmp_path / "results" / "wind" / "scan_orders.npz"
     argv = ["wind-cache", "--out", str(path), "--grid-h", "4", "--grid-w", "8"]
-    assert main([*argv, "--sectors", "8", "--regions", "2", "2"]) == 0
+    assert main([*argv, "--sectors", "8"]) == 0
     assert load_cache(path, **SMALL).orders.shape == (8, 32)
 
 
 def test_cli_bad_option_exits_2_with_one_line(tmp_path, capsys):
     path = tmp_path / "w.npz"
     argv = ["wind-cache", "--out", str(path), "--grid-h", "4", "--grid-w", "8"]
-    assert main([*argv, "--regions", "3", "3"]) == 2
+    assert main([*argv, "--sectors", "0"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and "--regions 3 3" in lines[0] and "4x8" in lines[0]
+    assert len(lines) == 1 and "--sectors" in lines[0] and "0" in lines[0]
     assert not path.exists()
 
 

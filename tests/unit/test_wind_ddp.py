@@ -27,7 +27,7 @@ MODELS = {
     "stage0": {"model": {"widths": [8, 8], "latent_channels": 4}, "train": {"epochs": 1, "batch_size": 2, "lr": 1e-3}},
     "stage1": {
         "model": {"widths": [8, 8, 8, 8], "tmt_layers": 1, "tmt_heads": 2, "gate_width": 8, "gate_layers": 1,
-                  "day_embedding": 8, "wind_scan": True, "wind_sectors": 4, "wind_regions": [1, 1]},
+                  "day_embedding": 8, "wind_scan": True, "wind_sectors": 4},
         "train": {"epochs": 1, "batch_size": 1, "lr": 1e-3},
     },
     "stage2": {"model": {"widths": [8, 8], "timesteps": 20, "sample_steps": 2}, "train": {"epochs": 1, "batch_size": 1, "lr": 1e-3}},
@@ -77,7 +77,7 @@ def _two_ranks(args, timeout):
 def test_two_ranks_train_with_wind_scan_reading_the_cache(setup, tmp_path):
     store, config = setup
     cache = tmp_path / "scan_orders.npz"
-    write_cache(cache, grid_h=GRID, grid_w=GRID, sectors=4, regions=(1, 1))
+    write_cache(cache, grid_h=GRID, grid_w=GRID, sectors=4)
     out = tmp_path / "stage1"
     args = ["train", "--stage", "1", "--config", str(config), "--train", str(store), "--val", str(store),
             "--out", str(out), "--wind-cache", str(cache)]  # fmt: skip
@@ -105,7 +105,7 @@ def test_wrong_grid_in_the_cache_is_named(setup, tmp_path, capsys):
 
     store, config = setup
     cache = tmp_path / "scan_orders.npz"
-    write_cache(cache, grid_h=8, grid_w=8, sectors=4, regions=(1, 1))
+    write_cache(cache, grid_h=8, grid_w=8, sectors=4)
     code = main(["train", "--stage", "1", "--config", str(config), "--train", str(store), "--val", str(store),
                  "--out", str(tmp_path / "s1"), "--wind-cache", str(cache)])  # fmt: skip
     assert code == 2

@@ -27,7 +27,7 @@ class Identity(nn.Module):
 
 @pytest.fixture(scope="module")
 def cache():
-    return compute_cache(grid_h=4, grid_w=8, sectors=8, regions=(2, 2))
+    return compute_cache(grid_h=4, grid_w=8, sectors=8)
 
 
 def make(cache, **kwargs) -> WindScanMixing:
@@ -127,3 +127,34 @@ def test_bad_orders_and_sectors_are_refused(cache):
         module(torch.randn(1, 32, C), torch.tensor([8]))
     with pytest.raises(AssertionError, match="32 patches"):
         module(torch.randn(1, 16, C), torch.tensor([0]))
+
+
+def test_crop_scans_in_the_window_of_the_whole_grid_orders(cache):
+    # A 2x4 token crop of the 4x8 grid: each sample is scanned in the cache's orders
+    # restricted to the window (vcloud.wind.cache.window_orders), never in row-major order.
+    from vcloud.wind.cache import window_orders
+
+    module = WindScanMixing(
+        C, orders=torch.from_numpy(cache.orders), inverse=torch.from_numpy(cache.inverse), grid=(4, 8)
+    )
+    module.mixer = AddPosition()
+    tokens = torch.zeros(B, 8, C)
+    out = module(tokens, torch.tensor([1, -1, 4]), grid=(2, 4))  # (B, 8, C)
+    window = torch.from_numpy(window_orders(cache.orders, (4, 8), (2, 4)))  # (S, 8)
+    position = torch.argsort(window, dim=1).float()  # scan position of each window patch
+    torch.testing.assert_close(out[0, :, 0], position[1])
+    torch.testing.assert_close(out[1, :, 0], torch.arange(8.0))
+    torch.testing.assert_close(out[2, :, 0], position[4])
+    # West (sector 4 of 8): the window's east column (local 3 and 7) is scanned first.
+    assert sorted(out[2, [3, 7], 0].tolist()) == [0.0, 1.0]
+    module.mixer = Identity()
+    shuffled = torch.randn(B, 8, C)
+    assert torch.equal(module(shuffled, torch.tensor([0, 3, 6]), grid=(2, 4)), shuffled)
+
+
+def test_crop_larger_than_the_cache_grid_is_refused(cache):
+    module = WindScanMixing(
+        C, orders=torch.from_numpy(cache.orders), inverse=torch.from_numpy(cache.inverse), grid=(4, 8)
+    )
+    with pytest.raises(AssertionError, match="larger than the wind cache's grid 4x8"):
+        module(torch.randn(1, 10, C), torch.tensor([0]), grid=(5, 2))

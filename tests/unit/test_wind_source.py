@@ -7,7 +7,7 @@ import xarray as xr
 
 from vcloud.data.prepare import prepare_roi
 from vcloud.data.store import open_store
-from vcloud.data.wind import WindSource, _centre_lonlat
+from vcloud.data.wind import WindSource, centre_lonlat
 from vcloud.errors import BadInputError
 
 from ..conftest import TINY, TINY_ROIS
@@ -35,7 +35,7 @@ def test_era5_grid_is_interpolated_to_each_location_and_date(tiny_raw_master, tm
     roi = TINY_ROIS[0]
     first = next((tiny_raw_master / roi.rois / str(roi.roi) / "S2/0").glob("*_patch_0.tif"))
     _, georef = read_image(first, bands=13, size=TINY["size"], dtype=np.uint16)
-    lon, lat = _centre_lonlat(georef, TINY["size"])
+    lon, lat = centre_lonlat(georef, TINY["size"])
     grid = _era5(tmp_path / "era5.zarr", lon, lat)
     out = tmp_path / "store.zarr"
     prepare_roi(raw=tiny_raw_master, roi=roi, out=out, times=TINY["times"], size=TINY["size"], wind_table=grid)

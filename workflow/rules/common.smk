@@ -152,9 +152,26 @@ def get_raw_flags():
 
 
 def get_wind_table():
+    """The wind prepare_roi stores: the synthetic tree's wind.csv, data.wind_table, or None."""
     if is_synthetic():
         return f"{PATHS['synthetic_raw']}/wind.csv"
     return DATA["wind_table"]
+
+
+def get_wind_input(wildcards):
+    """prepare_roi's wind as an input, so that rule era5_wind runs first when it makes it.
+    (The synthetic wind.csv comes inside the synth_raw folder, already an input.)"""
+    table = None if is_synthetic() else DATA["wind_table"]
+    return {"wind": table} if table else {}
+
+
+def get_era5_rois():
+    return [] if is_synthetic() else get_rois()
+
+
+def get_era5_input():
+    """The raw ROI folders whose places and dates need wind (real data only)."""
+    return [f"{DATA['raw_dir']}/{roi.rois}/{roi.roi}" for roi in get_era5_rois()]
 
 
 def get_model_config():

@@ -57,6 +57,7 @@ rule index_archive:
 rule prepare_roi:
     input:
         unpack(get_prepare_input),
+        unpack(get_wind_input),
     output:
         store=directory(f"{PREPARED}/rois/{{roi}}.zarr"),
         bad=f"{PREPARED}/rois/{{roi}}.bad.tsv",

@@ -7,6 +7,8 @@ rule wind_cache:
         cache=get_wind_cache(),
     log:
         "logs/wind_cache/wind_cache.log",
+    benchmark:
+        "benchmarks/wind_cache/wind_cache.tsv"
     conda:
         "../../envs/vcloud.yaml"
     container:
@@ -18,8 +20,39 @@ rule wind_cache:
         grid_h=lambda wildcards: get_wind_grid()[0],
         grid_w=lambda wildcards: get_wind_grid()[1],
         sectors=MODEL_SET.stage1.model.wind_sectors,
-        regions=" ".join(map(str, MODEL_SET.stage1.model.wind_regions)),
     shell:
         "vcloud wind-cache --out {output.cache} --grid-h {params.grid_h} --grid-w {params.grid_w}"
-        " --sectors {params.sectors}"
-        " --regions {params.regions} > {log} 2>&1"
+        " --sectors {params.sectors} > {log} 2>&1"
+
+
+# Real wind for the real dataset: ERA5 u10/v10 for every location and date of the ROIs, from
+# the public ARCO-ERA5 store (no account). A local rule: it needs the network (LUMI login node).
+# prepare_roi takes the result as input when data.wind_table names it (config/lumi.yaml).
+rule era5_wind:
+    input:
+        lambda wildcards: get_era5_input(),
+    output:
+        wind=directory(config["wind"]["era5_table"]),
+    log:
+        "logs/era5_wind/era5_wind.log",
+    benchmark:
+        "benchmarks/era5_wind/era5_wind.tsv"
+    localrule: True
+    conda:
+        "../../envs/vcloud.yaml"
+    container:
+        get_container("wind_cache")
+    threads: 1
+    params:
+        raw=get_raw_dir(),
+        rois=lambda wildcards: " ".join(f"--roi {roi}" for roi in get_era5_rois()),
+        source=(
+            f"--source {config['wind']['era5_source']}"
+            if config["wind"]["era5_source"]
+            else ""
+        ),
+        times=DATA["times"],
+        size=DATA["patch_size"],
+    shell:
+        "vcloud era5-wind --raw {params.raw} {params.rois} --out {output.wind} {params.source}"
+        " --times {params.times} --size {params.size} > {log} 2>&1"

@@ -4,7 +4,8 @@
 - ERA5 10 m wind (variables u10/v10, or u/v; dims time or valid_time, latitude, longitude),
   any file xarray opens (netCDF, or a .zarr folder): interpolated linearly with xarray to
   each location's centre (its CRS + geotransform, converted to lon/lat with pyproj) and to
-  each acquisition date (noon UTC).
+  each acquisition date (noon UTC). A .zarr folder with one group per ROI slug (what
+  `vcloud era5-wind` writes, see data/era5.py) gives each ROI its own small grid.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class WindSource:
         if self.path.suffix.lower() == ".csv":
             self.table, self.grid = _read_table(self.path, roi), None
         else:
-            self.table, self.grid = None, _open_era5(self.path)
+            self.table, self.grid = None, _open_era5(self.path, roi)
 
     def at(self, georef, dates: np.ndarray, *, size: int) -> tuple[np.ndarray, np.ndarray]:
         u = np.full(len(dates), np.nan, np.float32)
@@ -45,14 +46,20 @@ class WindSource:
             return u, v
         if not georef.epsg:
             raise BadInputError(f"{self.path}: the images of {self.roi} carry no CRS to place them on the ERA5 grid")
-        lon, lat = _centre_lonlat(georef, size)
+        lon, lat = centre_lonlat(georef, size)
         ds, time_name = self.grid
-        if float(ds["longitude"].max()) > 180 and lon < 0:
-            lon += 360.0  # ERA5 grids in 0..360
-        when = dates[known].astype("datetime64[D]") + np.timedelta64(12, "h")
-        point = ds.interp(
-            {time_name: when.astype("datetime64[ns]"), "latitude": lat, "longitude": lon}, method="linear"
-        )
+        # ERA5 grids run 0..360, ours from `vcloud era5-wind` around the ROI: same frame.
+        west, east = float(ds["longitude"].min()), float(ds["longitude"].max())
+        if lon < west:
+            lon += 360.0
+        elif lon > east:
+            lon -= 360.0
+        when = (dates[known].astype("datetime64[D]") + np.timedelta64(12, "h")).astype("datetime64[ns]")
+        if np.isin(when, ds[time_name].values).all():
+            ds = ds.sel({time_name: when})  # the hours themselves (one date is enough)
+        else:
+            ds = ds.interp({time_name: when}, method="linear")
+        point = ds.interp({"latitude": lat, "longitude": lon}, method="linear")
         u[known] = point["u"].values.astype(np.float32)
         v[known] = point["v"].values.astype(np.float32)
         return u, v
@@ -75,11 +82,16 @@ def _read_table(path: Path, roi: RoiId) -> dict[np.datetime64, tuple[float, floa
     return table
 
 
-def _open_era5(path: Path):
+def _open_era5(path: Path, roi: RoiId):
     import xarray as xr
 
+    group = None
+    if path.is_dir() and _has_roi_groups(path):
+        group = roi.slug
+        if not (path / group).is_dir():
+            raise BadInputError(f"{path}: no wind for {roi} (no group {group}); rerun `vcloud era5-wind` with this ROI")
     try:
-        ds = xr.open_zarr(path) if path.is_dir() else xr.open_dataset(path)
+        ds = xr.open_zarr(path, group=group) if path.is_dir() else xr.open_dataset(path)
     except Exception as err:  # engines raise many types for an unreadable file
         raise BadInputError(f"{path}: not a readable wind grid ({type(err).__name__}: {err})") from None
     names = {"u10": "u", "v10": "v"} if "u10" in ds else {}
@@ -91,7 +103,12 @@ def _open_era5(path: Path):
     return ds[["u", "v"]].load(), time_name
 
 
-def _centre_lonlat(georef, size: int) -> tuple[float, float]:
+def _has_roi_groups(path: Path) -> bool:
+    """True for a `vcloud era5-wind` store: sub-groups named like ROIs1868_119."""
+    return any(child.is_dir() and child.name.startswith("ROIs") for child in path.iterdir())
+
+
+def centre_lonlat(georef, size: int) -> tuple[float, float]:
     from pyproj import Transformer
 
     x0, px, _, y0, _, py = georef.transform

@@ -339,10 +339,13 @@ class CFDT(nn.Module):
             self.decoder.head[-1].weight.mul_(0.1)
             self.decoder.head[-1].bias.zero_()
 
-    def set_wind_orders(self, orders: torch.Tensor, inverse: torch.Tensor) -> None:
-        """Install (S, (H/8)*(W/8)) scan orders of the coarsest token grid (from the wind cache)."""
+    def set_wind_orders(
+        self, orders: torch.Tensor, inverse: torch.Tensor, *, grid: tuple[int, int] | None = None
+    ) -> None:
+        """Install (S, (H/8)*(W/8)) scan orders of the coarsest token grid (from the wind cache);
+        with its `grid` (H/8, W/8), crops scan in the orders restricted to their window."""
         assert self.wind is not None, "this CFDT was built with wind_scan: false"
-        self.wind.set_orders(orders, inverse)
+        self.wind.set_orders(orders, inverse, grid=grid)
 
     def forward(
         self,
@@ -375,9 +378,9 @@ class CFDT(nn.Module):
             x, target_index, checkpointing=opt.grad_checkpoint, target_only=opt.target_only_pyramid
         )  # (B, T, C3, h, w), [(B, w_l, H_l, W_l)]
         fused = self.tmt(coarsest, gate, days, target_index)  # (B, h*w, C3)
-        if self.wind is not None:
-            fused = self.wind(fused, sectors) if sectors is not None else self.wind.mixer(fused)
         h, w = coarsest.shape[-2:]
+        if self.wind is not None:
+            fused = self.wind(fused, sectors, grid=(h, w)) if sectors is not None else self.wind.mixer(fused)
         fused = rearrange(fused, "b (h w) c -> b c h w", h=h, w=w)
         target_gate = gate[torch.arange(b, device=x.device), target_index]  # (B, 1, H, W)
         correction = self.decoder(fused, skips, target_gate)  # (B, 13, H, W)

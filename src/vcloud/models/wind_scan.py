@@ -37,8 +37,11 @@ class SequenceMixer(nn.Module):
 class WindScanMixing(nn.Module):
     """Mix tokens along each sample's wind-sector scan order, then return them to grid order.
 
-    forward(tokens (B, N, C), sectors (B,)) -> (B, N, C). sectors[b] indexes the orders
-    given to `set_orders` (or the constructor); -1 means no reordering (grid row-major).
+    forward(tokens (B, N, C), sectors (B,), grid=(h, w)) -> (B, N, C). sectors[b] indexes the
+    orders given to `set_orders` (or the constructor); -1 means no reordering (grid row-major).
+    A token grid smaller than the orders' grid (a training crop) scans in the orders restricted
+    to an h x w window, which is the same order for every window of that shape (the key is
+    linear in position; see vcloud.wind.cache), so crops need no orders of their own.
     """
 
     orders: torch.Tensor | None
@@ -52,18 +55,26 @@ class WindScanMixing(nn.Module):
         mlp_ratio: float = 2.0,
         orders: torch.Tensor | None = None,
         inverse: torch.Tensor | None = None,
+        grid: tuple[int, int] | None = None,
     ) -> None:
         super().__init__()
         self.mixer = SequenceMixer(dim, kernel_size=kernel_size, mlp_ratio=mlp_ratio)
         self.register_buffer("orders", None, persistent=False)  # (S, N) grid index per position
         self.register_buffer("inverse", None, persistent=False)  # (S, N) position per grid index
+        self.grid: tuple[int, int] | None = None  # (H, W) of the installed orders
+        self._windows: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         if orders is not None or inverse is not None:
             assert orders is not None and inverse is not None, "give both orders and inverse"
-            self.set_orders(orders, inverse)
+            self.set_orders(orders, inverse, grid=grid)
 
     @torch.no_grad()
-    def set_orders(self, orders: torch.Tensor, inverse: torch.Tensor) -> None:
-        """Install (S, N) scan orders and their inverse permutations (checked here, once)."""
+    def set_orders(
+        self, orders: torch.Tensor, inverse: torch.Tensor, *, grid: tuple[int, int] | None = None
+    ) -> None:
+        """Install (S, N) scan orders of an (H, W) grid and their inverses (checked here, once).
+
+        Without `grid` only token grids of exactly N tokens are accepted.
+        """
         device = next(self.parameters()).device
         orders = torch.as_tensor(orders).to(device=device, dtype=torch.long)  # (S, N)
         inverse = torch.as_tensor(inverse).to(device=device, dtype=torch.long)  # (S, N)
@@ -76,13 +87,36 @@ class WindScanMixing(nn.Module):
         identity = torch.arange(n, device=device).expand_as(orders)
         is_inverse = in_range and torch.equal(orders.gather(1, inverse), identity)
         assert is_inverse, "inverse is not the inverse permutation of orders"
+        assert grid is None or grid[0] * grid[1] == n, f"grid {grid} does not hold {n} tokens"
         self.orders = orders
         self.inverse = inverse
+        self.grid = tuple(grid) if grid is not None else None
+        self._windows = {}
 
-    def forward(self, tokens: torch.Tensor, sectors: torch.Tensor) -> torch.Tensor:
+    def _window(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(S, h*w) orders and inverses of an h x w window: the full orders restricted to it."""
+        full_h, full_w = self.grid
+        assert h <= full_h and w <= full_w, (
+            f"token grid {h}x{w} is larger than the wind cache's grid {full_h}x{full_w}"
+        )
+        key = (h, w)
+        if key not in self._windows or self._windows[key][0].device != self.orders.device:
+            rows, cols = self.orders // full_w, self.orders % full_w  # (S, H*W)
+            inside = (rows < h) & (cols < w)  # h*w entries per sector, in scan order
+            local = (rows * w + cols)[inside].view(self.orders.shape[0], h * w)  # (S, h*w)
+            self._windows[key] = (local, torch.argsort(local, dim=1))
+        return self._windows[key]
+
+    def forward(
+        self, tokens: torch.Tensor, sectors: torch.Tensor, *, grid: tuple[int, int] | None = None
+    ) -> torch.Tensor:
         assert self.orders is not None, "call set_orders(orders, inverse) before forward"
         b, n, c = tokens.shape  # (B, N, C)
-        s, n_orders = self.orders.shape  # (S, N)
+        orders, inverses = self.orders, self.inverse  # (S, N)
+        if grid is not None and self.grid is not None and tuple(grid) != self.grid:
+            assert grid[0] * grid[1] == n, f"{n} tokens do not fill a {grid[0]}x{grid[1]} grid"
+            orders, inverses = self._window(int(grid[0]), int(grid[1]))
+        s, n_orders = orders.shape  # (S, N)
         assert n == n_orders, f"{n} tokens but the scan orders cover {n_orders} patches"
         assert sectors.shape == (b,), f"sectors must be ({b},), got {tuple(sectors.shape)}"
         assert not sectors.is_floating_point(), "sectors must be integer indices"
@@ -95,8 +129,8 @@ class WindScanMixing(nn.Module):
         keep = (sectors < 0)[:, None]  # (B, 1) no reordering
         chosen = sectors.clamp(min=0)  # (B,)
         identity = torch.arange(n, device=tokens.device).expand(b, n)  # (B, N)
-        order = torch.where(keep, identity, self.orders[chosen])  # (B, N)
-        inverse = torch.where(keep, identity, self.inverse[chosen])  # (B, N)
+        order = torch.where(keep, identity, orders[chosen])  # (B, N)
+        inverse = torch.where(keep, identity, inverses[chosen])  # (B, N)
 
         seq = tokens.gather(1, order[:, :, None].expand(b, n, c))  # (B, N, C) upwind first
         seq = self.mixer(seq)  # (B, N, C)

@@ -157,6 +157,10 @@ def check_wind(config: dict, model_set, train_inputs: dict[str, set[str]], repor
     model = model_set.stage1.model
     if not model.wind_scan:
         return
+    if not config["synthetic"]["enabled"] and not config["data"].get("wind_table"):
+        report.warnings.append("data.wind_table: null but stage1.model.wind_scan is on, so no sample "
+                               "has wind and nothing is scanned by it; set data.wind_table (rule "
+                               "era5_wind) or stage1.model.wind_scan: false")
     for stage in (1, 2, 3):
         rule = f"train_stage{stage}"
         res = RuleResources.from_config(config, rule)

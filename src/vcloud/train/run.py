@@ -15,26 +15,21 @@ from vcloud.train import distributed
 log = logging.getLogger(__name__)
 
 def load_wind_orders(cfg, *, stage: int, train: Path, wind_cache: Path | None, world_size: int):
-    """The wind cache for a wind-scanning CFDT, checked against the data's token grid."""
+    """The wind cache for a wind-scanning CFDT, checked against the data's whole-patch token grid
+    (training crops scan in the orders restricted to their window: models/wind_scan.py)."""
     model = cfg.stage1.model
     if stage == 0 or not model.wind_scan:
         return None
     from vcloud.data.reader import StoreReader
     from vcloud.wind.cache import get_scan_orders
 
-    if cfg.data.crop is not None:
-        raise ConfigError(
-            f"data.crop: {cfg.data.crop}, but stage1.model.wind_scan needs whole patches (crop: null) "
-            "so that the token grid matches the wind cache"
-        )
     if wind_cache is None and not (model.wind_allow_recompute and world_size == 1):
         raise ConfigError(f"vcloud train --stage {stage}: stage1.model.wind_scan is on; pass --wind-cache FILE")
     _, _, height, width = StoreReader(train).shape
     scale = 2 ** (len(model.widths) - 1)  # the CFDT's coarsest level
     return get_scan_orders(
         wind_cache or Path("<no --wind-cache>"), grid_h=height // scale, grid_w=width // scale,
-        sectors=model.wind_sectors, regions=tuple(model.wind_regions), world_size=world_size,
-        allow_recompute=model.wind_allow_recompute,
+        sectors=model.wind_sectors, world_size=world_size, allow_recompute=model.wind_allow_recompute,
     )  # fmt: skip
 
 

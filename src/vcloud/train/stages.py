@@ -108,7 +108,9 @@ def install_wind_orders(cfdt: nn.Module, cache: WindCache | None) -> nn.Module:
     """Give a wind-scanning CFDT its scan orders (read from the cache file on every rank)."""
     if cfdt.wind is not None:
         assert cache is not None, "a wind_scan model needs the wind cache"
-        cfdt.set_wind_orders(torch.from_numpy(cache.orders), torch.from_numpy(cache.inverse))
+        cfdt.set_wind_orders(
+            torch.from_numpy(cache.orders), torch.from_numpy(cache.inverse), grid=cache.grid
+        )
         cfdt.wind_sectors = cache.sectors
     return cfdt
 

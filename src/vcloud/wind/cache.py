@@ -28,18 +28,18 @@ by ascending key; equal keys are broken by ascending row-major index (np.lexsort
 S = 16 every rounded value lies at least 0.079 from a rounding boundary, so a libm that
 differs by a few ulps, or an angle perturbed by 1e-12, gives the same orders.
 
-Regional orders. The grid is split into RH x RW regions of (H/RH) x (W/RW) patches
-(TopoFlow: 32 x 32 regions of 2 x 4 patches). Each region's order sorts that region's own
-patches by the same global key (their grid-true positions, not a strip of the row-major
-token sequence), ties by ascending region-local row-major index, and is stored as
-region-local row-major indices. Region r covers rows (r // RW) * H/RH ... and columns
-(r % RW) * W/RW ...; `region_patch_indices` maps local to global indices.
+Crops and windows (why the file has no regional orders). Because the key is linear in
+(row, col), the keys of any h x w window of the grid differ from those of the top-left window
+by one constant, and ascending row-major index is ascending window-local index: every window
+of the same shape has the same order, the global order restricted to it. So a training crop
+(or a region) needs no orders of its own: `window_orders` derives them from `orders`.
+Format version 1 stored "regional orders" for fixed tiles; they were all identical for the
+reason above and nothing read them, so version 2 drops them and refuses version 1.
 
-File (npz, no pickle): `orders` and `inverse` (S, H*W); `regional_orders` and
-`regional_inverse` (RH*RW, S, patches per region); each in the smallest unsigned dtype that
-fits; `meta`, a JSON string with the grid, sectors, regions, the conventions above, the
-format version and a sha256 checksum over the grid, sectors and regions and every array's
-name, dtype, shape and bytes. Loading checks all of it (and that each inverse is the
+File (npz, no pickle): `orders` and `inverse` (S, H*W), each in the smallest unsigned dtype
+that fits; `meta`, a JSON string with the grid, sectors, the conventions above, the format
+version and a sha256 checksum over the grid, sectors and every array's name, dtype, shape
+and bytes. Loading checks all of it (and that each inverse is the
 inverse permutation) against what the model config expects.
 """
 
@@ -64,9 +64,9 @@ from vcloud.errors import BadInputError, ConfigError, VcloudError
 log = logging.getLogger(__name__)
 
 FORMAT_NAME = "vcloud-wind-cache"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: regional orders dropped (see "Crops and windows")
 TRIG_SCALE = 2**32  # cos and sin are rounded to integers at this scale
-ARRAY_KEYS: tuple[str, ...] = ("orders", "inverse", "regional_orders", "regional_inverse")
+ARRAY_KEYS: tuple[str, ...] = ("orders", "inverse")
 
 ANGLE_CONVENTION = (
     "sector i of S has angle 2*pi*i/S, 0 = east, counter-clockwise, the direction the wind "
@@ -77,7 +77,7 @@ ANGLE_CONVENTION = (
 TIE_RULE = (
     "sort by the int64 key (2*col-(W-1))*max(H-1,1)*round(cos(angle)*2**32) + "
     "(-(2*row-(H-1)))*max(W-1,1)*round(sin(angle)*2**32), then by ascending row-major "
-    "index (regional orders: region-local row-major index)"
+    "index"
 )
 
 
@@ -86,14 +86,11 @@ class WindCache:
     """Scan orders as int64 arrays, and the file's meta (or the computed one).
 
     orders[s] lists the row-major patch indices from upwind to downwind for sector s;
-    inverse[s][g] is the position of patch g in orders[s]. regional_orders[r, s] lists
-    region r's local row-major indices in sector s's order; regional_inverse likewise.
+    inverse[s][g] is the position of patch g in orders[s].
     """
 
     orders: np.ndarray  # (S, H*W)
     inverse: np.ndarray  # (S, H*W)
-    regional_orders: np.ndarray  # (RH*RW, S, P)
-    regional_inverse: np.ndarray  # (RH*RW, S, P)
     meta: dict
 
     @property
@@ -104,29 +101,15 @@ class WindCache:
     def sectors(self) -> int:
         return int(self.meta["sectors"])
 
-    @property
-    def regions(self) -> tuple[int, int]:
-        return tuple(self.meta["regions"])
 
 
 # --- arguments -------------------------------------------------------------------------
 
 
-def _check_arguments(grid_h: int, grid_w: int, sectors: int, regions: tuple[int, int]) -> None:
+def _check_arguments(grid_h: int, grid_w: int, sectors: int) -> None:
     for option, value in (("--grid-h", grid_h), ("--grid-w", grid_w), ("--sectors", sectors)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ConfigError(f"{option}: expected a positive integer, got {value!r}")
-    if (
-        len(regions) != 2
-        or any(isinstance(r, bool) or not isinstance(r, (int, np.integer)) for r in regions)
-        or min(regions) < 1
-    ):
-        raise ConfigError(f"--regions: expected two positive integers RH RW, got {regions!r}")
-    region_h, region_w = regions
-    if grid_h % region_h or grid_w % region_w:
-        raise ConfigError(
-            f"--regions {region_h} {region_w} does not divide the grid {grid_h}x{grid_w} evenly"
-        )
     dx, dy = max(grid_w - 1, 1), max(grid_h - 1, 1)
     if 2 * dx * dy * TRIG_SCALE >= 2**63:
         raise ConfigError(
@@ -159,13 +142,18 @@ def global_order(grid_h: int, grid_w: int, angle: float) -> np.ndarray:
     return np.lexsort((np.arange(keys.size), keys))
 
 
-def region_patch_indices(grid_h: int, grid_w: int, regions: tuple[int, int]) -> np.ndarray:
-    """(RH*RW, P) int64: global row-major index of each region's patches, local row-major."""
-    region_h, region_w = regions
-    grid = np.arange(grid_h * grid_w, dtype=np.int64).reshape(
-        region_h, grid_h // region_h, region_w, grid_w // region_w
-    )
-    return grid.transpose(0, 2, 1, 3).reshape(region_h * region_w, -1)
+def window_orders(orders: np.ndarray, grid: tuple[int, int], window: tuple[int, int]) -> np.ndarray:
+    """(S, h*w) window-local row-major indices in each sector's order, for any h x w window.
+
+    The global order restricted to the top-left window; by the module docstring's argument
+    it is the order of every window of that shape (a training crop's token grid).
+    """
+    (grid_h, grid_w), (h, w) = grid, window
+    if not (1 <= h <= grid_h and 1 <= w <= grid_w):
+        raise ConfigError(f"window {h}x{w} does not fit the wind cache's grid {grid_h}x{grid_w}")
+    rows, cols = np.divmod(orders, grid_w)  # (S, H*W)
+    inside = (rows < h) & (cols < w)
+    return (rows * w + cols)[inside].reshape(orders.shape[0], h * w)
 
 
 def _inverse(orders: np.ndarray) -> np.ndarray:
@@ -176,38 +164,25 @@ def _inverse(orders: np.ndarray) -> np.ndarray:
     return inverse
 
 
-def _compute_arrays(
-    grid_h: int, grid_w: int, sectors: int, regions: tuple[int, int]
-) -> dict[str, np.ndarray]:
+def _compute_arrays(grid_h: int, grid_w: int, sectors: int) -> dict[str, np.ndarray]:
     keys = np.stack([scan_keys(grid_h, grid_w, a) for a in sector_angles(sectors)])  # (S, N)
     orders = np.stack([np.lexsort((np.arange(grid_h * grid_w), k)) for k in keys])  # (S, N)
-    patches = region_patch_indices(grid_h, grid_w, regions)  # (R, P)
-    region_keys = keys[:, patches].transpose(1, 0, 2)  # (R, S, P)
-    # A stable sort keeps equal keys in ascending local (= ascending global) index.
-    regional = np.argsort(region_keys, axis=-1, kind="stable")  # (R, S, P)
-    return {
-        "orders": orders,
-        "inverse": _inverse(orders),
-        "regional_orders": regional,
-        "regional_inverse": _inverse(regional),
-    }
+    return {"orders": orders, "inverse": _inverse(orders)}
 
 
-def _stored_arrays(
-    grid_h: int, grid_w: int, sectors: int, regions: tuple[int, int]
-) -> dict[str, np.ndarray]:
+def _stored_arrays(grid_h: int, grid_w: int, sectors: int) -> dict[str, np.ndarray]:
     """The arrays as written: each in the smallest unsigned dtype that holds its values."""
-    arrays = _compute_arrays(grid_h, grid_w, sectors, regions)
+    arrays = _compute_arrays(grid_h, grid_w, sectors)
     return {
         name: array.astype(np.min_scalar_type(int(array.max()) if array.size else 0))
         for name, array in arrays.items()
     }
 
 
-def _checksum(arrays: dict[str, np.ndarray], grid: tuple, sectors: int, regions: tuple) -> str:
-    """sha256 of the layout (grid, sectors, regions) and each array's name, dtype, shape, bytes."""
+def _checksum(arrays: dict[str, np.ndarray], grid: tuple, sectors: int) -> str:
+    """sha256 of the layout (grid, sectors) and each array's name, dtype, shape, bytes."""
     digest = hashlib.sha256()
-    layout = {"grid": list(grid), "sectors": int(sectors), "regions": list(regions)}
+    layout = {"grid": list(grid), "sectors": int(sectors)}
     digest.update(json.dumps(layout, sort_keys=True).encode())
     for name in sorted(arrays):
         array = np.ascontiguousarray(arrays[name])
@@ -216,52 +191,40 @@ def _checksum(arrays: dict[str, np.ndarray], grid: tuple, sectors: int, regions:
     return digest.hexdigest()
 
 
-def _meta(
-    grid_h: int, grid_w: int, sectors: int, regions: tuple[int, int], arrays: dict[str, np.ndarray]
-) -> dict:
-    checksum = _checksum(arrays, (grid_h, grid_w), sectors, regions)
+def _meta(grid_h: int, grid_w: int, sectors: int, arrays: dict[str, np.ndarray]) -> dict:
     return {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
         "grid": [grid_h, grid_w],
         "sectors": sectors,
-        "regions": list(regions),
-        "region_shape": [grid_h // regions[0], grid_w // regions[1]],
         "angle_convention": ANGLE_CONVENTION,
         "tie_rule": TIE_RULE,
         "trig_scale": TRIG_SCALE,
-        "checksum_sha256": checksum,
+        "checksum_sha256": _checksum(arrays, (grid_h, grid_w), sectors),
         "vcloud_version": __version__,
     }
 
 
 def _as_cache(arrays: dict[str, np.ndarray], meta: dict) -> WindCache:
-    fields = {}
-    for name in ARRAY_KEYS:
-        fields[name] = arrays[name].astype(np.int64)
-    return WindCache(**fields, meta=meta)
+    return WindCache(**{name: arrays[name].astype(np.int64) for name in ARRAY_KEYS}, meta=meta)
 
 
-def compute_cache(*, grid_h: int, grid_w: int, sectors: int, regions: tuple[int, int]) -> WindCache:
+def compute_cache(*, grid_h: int, grid_w: int, sectors: int) -> WindCache:
     """Compute the orders in memory (single process only; see `get_scan_orders`)."""
-    regions = tuple(regions)
-    _check_arguments(grid_h, grid_w, sectors, regions)
-    arrays = _stored_arrays(grid_h, grid_w, sectors, regions)
-    return _as_cache(arrays, _meta(grid_h, grid_w, sectors, regions, arrays))
+    _check_arguments(grid_h, grid_w, sectors)
+    arrays = _stored_arrays(grid_h, grid_w, sectors)
+    return _as_cache(arrays, _meta(grid_h, grid_w, sectors, arrays))
 
 
 # --- file ------------------------------------------------------------------------------
 
 
-def write_cache(
-    out: Path, *, grid_h: int, grid_w: int, sectors: int, regions: tuple[int, int]
-) -> None:
+def write_cache(out: Path, *, grid_h: int, grid_w: int, sectors: int) -> None:
     """Write the cache npz atomically: a temp file in the same folder, then os.replace."""
     out = Path(out)
-    regions = tuple(regions)
-    _check_arguments(grid_h, grid_w, sectors, regions)
-    arrays = _stored_arrays(grid_h, grid_w, sectors, regions)
-    meta = _meta(grid_h, grid_w, sectors, regions, arrays)
+    _check_arguments(grid_h, grid_w, sectors)
+    arrays = _stored_arrays(grid_h, grid_w, sectors)
+    meta = _meta(grid_h, grid_w, sectors, arrays)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
@@ -281,10 +244,7 @@ def write_cache(
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    log.info(
-        "wrote wind cache %s (grid %dx%d, %d sectors, regions %dx%d)",
-        out, grid_h, grid_w, sectors, *regions,
-    )  # fmt: skip
+    log.info("wrote wind cache %s (grid %dx%d, %d sectors)", out, grid_h, grid_w, sectors)
 
 
 def _one_line(err: BaseException) -> str:
@@ -295,41 +255,40 @@ def _one_line(err: BaseException) -> str:
 def _read(path: Path) -> tuple[dict[str, np.ndarray], dict]:
     try:
         with np.load(path, allow_pickle=False) as npz:
-            missing = [k for k in (*ARRAY_KEYS, "meta") if k not in npz.files]
+            if "meta" not in npz.files:
+                raise BadInputError(f"{path}: not a wind cache, missing meta")
+            meta = json.loads(str(npz["meta"][()]))
+            if not isinstance(meta, dict):
+                raise BadInputError(f"{path}: not a wind cache, meta is not a JSON object")
+            _check_version(path, meta)  # before the arrays: an old file lacks or adds some
+            missing = [k for k in ARRAY_KEYS if k not in npz.files]
             if missing:
                 raise BadInputError(f"{path}: not a wind cache, missing {', '.join(missing)}")
             arrays = {name: npz[name] for name in ARRAY_KEYS}
-            meta = json.loads(str(npz["meta"][()]))
     except VcloudError:
         raise
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as err:
         raise BadInputError(f"{path}: not a readable wind cache ({_one_line(err)})") from err
-    if not isinstance(meta, dict):
-        raise BadInputError(f"{path}: not a wind cache, meta is not a JSON object")
     return arrays, meta
 
 
-def _validate(
-    path: Path,
-    arrays: dict[str, np.ndarray],
-    meta: dict,
-    *,
-    grid_h: int,
-    grid_w: int,
-    sectors: int,
-    regions: tuple[int, int] | None,
-) -> None:
-    rerun = f"rerun `vcloud wind-cache --out {path}`"
+def _check_version(path: Path, meta: dict) -> None:
     version = meta.get("format_version")
     if meta.get("format") != FORMAT_NAME or version != FORMAT_VERSION:
         raise ConfigError(
             f"{path}: format {meta.get('format')!r} version {version!r} in the file, "
-            f"this vcloud reads {FORMAT_NAME!r} version {FORMAT_VERSION}; {rerun}"
+            f"this vcloud reads {FORMAT_NAME!r} version {FORMAT_VERSION}; "
+            f"rerun `vcloud wind-cache --out {path}` (or delete it and rerun snakemake)"
         )
+
+
+def _validate(
+    path: Path, arrays: dict[str, np.ndarray], meta: dict, *, grid_h: int, grid_w: int, sectors: int
+) -> None:
+    rerun = f"rerun `vcloud wind-cache --out {path}`"
     try:
         file_grid = tuple(int(n) for n in meta["grid"])
         file_sectors = int(meta["sectors"])
-        file_regions = tuple(int(n) for n in meta["regions"])
         checksum = str(meta["checksum_sha256"])
     except (KeyError, TypeError, ValueError) as err:
         raise BadInputError(f"{path}: wind cache meta is incomplete ({_one_line(err)})") from err
@@ -342,69 +301,41 @@ def _validate(
         raise ConfigError(
             f"{path}: {file_sectors} sectors in the file, model config wants {sectors}"
         )
-    if regions is not None and file_regions != tuple(regions):
-        raise ConfigError(
-            f"{path}: regions {file_regions[0]}x{file_regions[1]} in the file, "
-            f"model config wants {regions[0]}x{regions[1]}"
-        )
-    if _checksum(arrays, file_grid, file_sectors, file_regions) != checksum:
+    if _checksum(arrays, file_grid, file_sectors) != checksum:
         raise BadInputError(f"{path}: checksum mismatch, the file is corrupt; {rerun}")
-    n_regions = file_regions[0] * file_regions[1]
-    per_region = (grid_h // file_regions[0]) * (grid_w // file_regions[1])
-    expected = {
-        "orders": (sectors, grid_h * grid_w),
-        "inverse": (sectors, grid_h * grid_w),
-        "regional_orders": (n_regions, sectors, per_region),
-        "regional_inverse": (n_regions, sectors, per_region),
-    }
-    for name, shape in expected.items():
-        if arrays[name].shape != shape:
-            raise BadInputError(f"{path}: {name} has shape {arrays[name].shape}, expected {shape}")
+    for name in ARRAY_KEYS:
+        if arrays[name].shape != (sectors, grid_h * grid_w):
+            raise BadInputError(
+                f"{path}: {name} has shape {arrays[name].shape}, "
+                f"expected {(sectors, grid_h * grid_w)}"
+            )
 
 
 def _check_permutations(path: Path, cache: WindCache) -> None:
-    pairs = (("orders", "inverse"), ("regional_orders", "regional_inverse"))
-    for order_key, inverse_key in pairs:
-        order, inverse = getattr(cache, order_key), getattr(cache, inverse_key)
-        n = order.shape[-1]
-        in_range = all(a.min(initial=0) >= 0 and a.max(initial=0) < n for a in (order, inverse))
-        identity = np.broadcast_to(np.arange(n), order.shape)
-        if not in_range or not np.array_equal(np.take_along_axis(order, inverse, -1), identity):
-            raise BadInputError(f"{path}: {inverse_key} is not the inverse of {order_key}")
+    order, inverse = cache.orders, cache.inverse
+    n = order.shape[-1]
+    in_range = all(a.min(initial=0) >= 0 and a.max(initial=0) < n for a in (order, inverse))
+    identity = np.broadcast_to(np.arange(n), order.shape)
+    if not in_range or not np.array_equal(np.take_along_axis(order, inverse, -1), identity):
+        raise BadInputError(f"{path}: inverse is not the inverse of orders")
 
 
-def load_cache(
-    path: Path,
-    *,
-    grid_h: int,
-    grid_w: int,
-    sectors: int,
-    regions: tuple[int, int] | None = None,
-) -> WindCache:
-    """Read and check a cache file against what the model config expects (regions optional)."""
+def load_cache(path: Path, *, grid_h: int, grid_w: int, sectors: int) -> WindCache:
+    """Read and check a cache file against what the model config expects."""
     path = Path(path)
     if not path.is_file():
         raise BadInputError(
             f"{path}: wind cache not found; run `vcloud wind-cache --out {path}` first"
         )
     arrays, meta = _read(path)
-    if regions is not None:
-        regions = tuple(regions)
-    _validate(path, arrays, meta, grid_h=grid_h, grid_w=grid_w, sectors=sectors, regions=regions)
+    _validate(path, arrays, meta, grid_h=grid_h, grid_w=grid_w, sectors=sectors)
     cache = _as_cache(arrays, meta)
     _check_permutations(path, cache)
     return cache
 
 
 def get_scan_orders(
-    path: Path,
-    *,
-    grid_h: int,
-    grid_w: int,
-    sectors: int,
-    regions: tuple[int, int],
-    world_size: int,
-    allow_recompute: bool,
+    path: Path, *, grid_h: int, grid_w: int, sectors: int, world_size: int, allow_recompute: bool
 ) -> WindCache:
     """Load the cache; compute it in memory only when it is missing on a single process.
 
@@ -413,7 +344,7 @@ def get_scan_orders(
     """
     path = Path(path)
     if path.exists():
-        return load_cache(path, grid_h=grid_h, grid_w=grid_w, sectors=sectors, regions=regions)
+        return load_cache(path, grid_h=grid_h, grid_w=grid_w, sectors=sectors)
     if world_size > 1:
         raise BadInputError(
             f"{path}: wind cache not found and world size is {world_size}; scan orders are "
@@ -424,7 +355,7 @@ def get_scan_orders(
             f"{path}: wind cache not found; run `vcloud wind-cache --out {path}` first"
         )
     log.warning("%s: wind cache not found; computing scan orders in memory (one process)", path)
-    return compute_cache(grid_h=grid_h, grid_w=grid_w, sectors=sectors, regions=regions)
+    return compute_cache(grid_h=grid_h, grid_w=grid_w, sectors=sectors)
 
 
 # --- wind ------------------------------------------------------------------------------
