@@ -105,7 +105,10 @@ def _cmd_era5_wind(args: argparse.Namespace) -> None:
     from vcloud.data.era5 import fetch, wind_needs
     from vcloud.data.layout import parse_roi
 
-    needs = [wind_needs(args.raw, parse_roi(text), times=args.times, size=args.size) for text in args.roi]
+    needs = [
+        wind_needs(args.raw, parse_roi(text), times=args.times, size=args.size, index_dir=args.index_dir)
+        for text in args.roi
+    ]
     print(json.dumps(fetch(args.source, needs, args.out, workers=args.workers)))
 
 
@@ -269,7 +272,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser("era5-wind", help="ERA5 10 m wind for every location and date of raw ROIs (network)")
-    p.add_argument("--raw", type=Path, required=True, help="raw SEN12MS-CR-TS root")
+    p.add_argument(
+        "--raw", type=Path, required=True, action="append",
+        help="raw SEN12MS-CR-TS: archives folder, one archive, or extracted tree (repeat for several)",
+    )
+    p.add_argument("--index-dir", type=Path, default=None, help="where the archive indexes are (default: beside each archive)")
     p.add_argument("--roi", required=True, action="append", help="ROIsXXXX/NNN (repeat for several)")
     p.add_argument("--out", type=Path, required=True, help="FOLDER.zarr to write (one group per ROI)")
     p.add_argument("--source", default=None, help="ERA5 zarr store (default: the public ARCO-ERA5 store)")

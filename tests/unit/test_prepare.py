@@ -4,6 +4,8 @@ import csv
 import shutil
 
 import numpy as np
+
+from vcloud.constants import STORE_FORMAT_VERSION
 import pytest
 import tifffile
 import zarr
@@ -73,7 +75,7 @@ def test_store_follows_the_contract(tiny_raw, tmp_path):
     assert ((cover >= 0) & (cover <= 1)).all()
     assert ds["valid_s2"].values.all() and ds["valid_s1"].values.all()
     # Attributes record source, bands, normalisation, version and producer.
-    assert ds.attrs["format_version"] == 1
+    assert ds.attrs["format_version"] == STORE_FORMAT_VERSION
     assert ds.attrs["normalisation"]["s1"]["clip_db"] == [-25.0, 0.0]
     assert ds.attrs["producer"]["options"]["roi"] == "ROIs1868/119"
     assert counts["locations"] == n and counts["bad_files"] == 0

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 from vcloud.cli import main
 from vcloud.data.samples import CloudySamples
 from vcloud.data.shards import DamagedStoreError, ShardLayout, ShardReader, verify
-from vcloud.data.store import IMAGE_VARS, open_store, write_locations
+from vcloud.data.store import FILES_PER_LOCATION, IMAGE_VARS, STORE_METADATA_FILES, open_store, write_locations
 from vcloud.errors import BadInputError
 
 from ..conftest import TINY
@@ -50,8 +50,9 @@ def test_files_per_location_are_bounded_and_metadata_amortised(tiny_store, tmp_p
         counts[n] = len(_files(tmp_path / f"{n}.zarr"))
     per_location = (counts[7] - counts[2]) / 5
     assert per_location <= 4, f"{per_location} files per location (bound: 4)"
+    assert per_location == FILES_PER_LOCATION
     assert per_location == len(IMAGE_VARS)  # one shard per image variable, nothing per table
-    assert counts[2] - 2 * per_location < 60  # the fixed part: metadata and one chunk per table
+    assert counts[2] - 2 * per_location < STORE_METADATA_FILES  # the fixed part: metadata and one chunk per table
 
 
 def test_store_is_sharded_with_a_checksum_per_chunk(tiny_store):

@@ -38,7 +38,7 @@ def test_dry_run_as_typed_warns_about_the_placeholder_account(tmp_path):
     stops a real run."""
     make_raw_folders(tmp_path)
     env = stand_in_env(tmp_path)
-    proc = snakemake(["-n", "--config", f"data={{raw_dir: {tmp_path / 'raw'}}}"], tmp_path, env)
+    proc = snakemake(["-n", "--config", f"data={{raw: {tmp_path / 'raw'}}}"], tmp_path, env)
     out = proc.stdout + proc.stderr
     assert "vcloud doctor: cluster.account: 'project_465XXXXXX' is a placeholder" in out
     assert "slurm_partition=small-g" in out and "gpu=1" in out and "cpus_per_gpu=7" in out
@@ -49,7 +49,7 @@ def test_real_run_with_placeholder_account_submits_nothing(tmp_path):
     make_raw_folders(tmp_path)
     env = stand_in_env(tmp_path)
     proc = snakemake(["--executor", "local", "--cores", "1", "--config",
-                      f"data={{raw_dir: {tmp_path / 'raw'}}}"], tmp_path, env, check=False)
+                      f"data={{raw: {tmp_path / 'raw'}}}"], tmp_path, env, check=False)
     assert proc.returncode != 0
     assert "vcloud doctor: cluster.account" in proc.stderr + proc.stdout
     assert "(nothing was submitted)" in proc.stderr + proc.stdout

@@ -50,7 +50,7 @@ def test_lumi_dry_run_fetches_era5_wind_and_builds_the_cache(tmp_path):
         (tmp_path / "raw" / roi).mkdir(parents=True)
     proc = subprocess.run(
         [sys.executable, "-m", "snakemake", "--profile", "lumi", "--directory", str(tmp_path), "-n", "-p",
-         "--config", f"data={{raw_dir: {tmp_path / 'raw'}}}"],
+         "--config", f"data={{raw: {tmp_path / 'raw'}}}"],
         cwd=REPO, capture_output=True, text=True, timeout=600, env=stand_in_env(tmp_path),
     )  # fmt: skip
     text = proc.stdout + proc.stderr

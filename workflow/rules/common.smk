@@ -2,6 +2,7 @@
 import shlex
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 from vcloud.config import config_hash, load_model_config, stage_config_dict
 from vcloud.data.archive import (
@@ -170,8 +171,12 @@ def get_era5_rois():
 
 
 def get_era5_input():
-    """The raw ROI folders whose places and dates need wind (real data only)."""
-    return [f"{DATA['raw_dir']}/{roi.rois}/{roi.roi}" for roi in get_era5_rois()]
+    """The raw inputs whose places and dates need wind (real data only): what prepare_roi reads."""
+    files = []
+    for roi in get_era5_rois():
+        for value in get_prepare_input(SimpleNamespace(roi=roi.slug)).values():
+            files.extend([value] if isinstance(value, str) else value)
+    return sorted(set(files))
 
 
 def get_model_config():

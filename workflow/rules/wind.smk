@@ -44,7 +44,8 @@ rule era5_wind:
         get_container("wind_cache")
     threads: 1
     params:
-        raw=get_raw_dir(),
+        raw=get_raw_flags(),
+        index_dir=get_index_dir(),
         rois=lambda wildcards: " ".join(f"--roi {roi}" for roi in get_era5_rois()),
         source=(
             f"--source {config['wind']['era5_source']}"
@@ -54,5 +55,5 @@ rule era5_wind:
         times=DATA["times"],
         size=DATA["patch_size"],
     shell:
-        "vcloud era5-wind --raw {params.raw} {params.rois} --out {output.wind} {params.source}"
+        "vcloud era5-wind {params.raw} --index-dir {params.index_dir} {params.rois} --out {output.wind} {params.source}"
         " --times {params.times} --size {params.size} > {log} 2>&1"

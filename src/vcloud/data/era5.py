@@ -33,6 +33,7 @@ import numpy as np
 from vcloud import __version__
 from vcloud.constants import S1_BANDS, S2_BANDS
 from vcloud.data.geotiff import BadImageError, read_image
+from vcloud.data.archive import resolve_sources
 from vcloud.data.layout import RoiId, scan_roi
 from vcloud.data.wind import centre_lonlat
 from vcloud.errors import BadInputError, VcloudError
@@ -54,29 +55,31 @@ class WindNeed:
     dates: tuple[dt.date, ...]  # sorted, distinct acquisition dates of the ROI's S2 images
 
 
-def wind_needs(raw: Path, roi: RoiId, *, times: int, size: int) -> WindNeed:
+def wind_needs(raws, roi: RoiId, *, times: int, size: int, index_dir: Path | None = None) -> WindNeed:
     """The places and dates of one ROI of the raw dataset that need wind.
 
-    The only place that decides this, so that another raw reader (e.g. straight from the
-    downloaded .tar.gz archives) needs to change this function alone. Today: the ROI's
-    files from `layout.scan_roi` (dates parsed from the S2 file names), and each location's
-    centre from the georeferencing of its first readable image (`geotiff.read_image`),
-    converted to lon/lat as `vcloud prepare` does. Unreadable images are skipped here;
-    `vcloud prepare` reports them.
+    The only place that decides this. `raws` are the raw paths `vcloud prepare --raw` takes (a
+    folder of the downloaded archives, one archive, or an extracted tree; one path or a list):
+    the ROI's files are listed and read through the same sources as preparation
+    (`archive.resolve_sources` + `layout.scan_roi`), dates parsed from the S2 file names, and
+    each location's centre from the georeferencing of its first readable image, converted to
+    lon/lat as `vcloud prepare` does. Unreadable images are skipped here; `vcloud prepare`
+    reports them.
     """
-    scan = scan_roi(raw, roi, times=times)
+    raws = [Path(raws)] if isinstance(raws, (str, Path)) else [Path(r) for r in raws]
+    scan = scan_roi(resolve_sources(raws, roi, index_dir=index_dir), roi, times=times)
     dates = sorted({pair["s2"].date for pair in scan.images.values() if "s2" in pair})
     centres = []
     for patch in scan.patches:
-        centre = _patch_centre(raw, scan, patch, size)
+        centre = _patch_centre(scan, patch, size)
         if centre is not None:
             centres.append(centre)
     if not centres:
-        raise BadInputError(f"{raw}/{roi.rois}/{roi.roi}: no image with a CRS to place the ROI on the ERA5 grid")
+        raise BadInputError(f"ROI {roi} under {', '.join(map(str, raws))}: no image with a CRS to place it on the ERA5 grid")
     return WindNeed(roi=roi, lonlat=np.array(centres, dtype=np.float64), dates=tuple(dates))
 
 
-def _patch_centre(raw: Path, scan, patch: int, size: int) -> tuple[float, float] | None:
+def _patch_centre(scan, patch: int, size: int) -> tuple[float, float] | None:
     kinds = {"s2": (len(S2_BANDS), np.uint16), "s1": (len(S1_BANDS), np.float32)}
     for (p, _t), pair in sorted(scan.images.items()):
         if p != patch:
@@ -84,7 +87,7 @@ def _patch_centre(raw: Path, scan, patch: int, size: int) -> tuple[float, float]
         for kind, name in sorted(pair.items(), reverse=True):  # S2 first, then S1
             bands, dtype = kinds[kind]
             try:
-                _, georef = read_image(name.path(raw), bands=bands, size=size, dtype=dtype)
+                _, georef = read_image(scan.open(name), bands=bands, size=size, dtype=dtype)
             except BadImageError:
                 continue
             if georef.epsg:

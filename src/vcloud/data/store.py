@@ -55,6 +55,11 @@ log = logging.getLogger(__name__)
 
 CLOUD_PROB_SCALE = 250  # cloud_prob stored as round(p * 250) in uint8; 255 = missing
 IMAGE_VARS = ("s2", "s1", "cloud_prob")
+# Files a store costs on disk (the data budget counts with these; tests/unit/test_shards.py
+# checks them): one shard file per image variable per location, and a fixed part per store
+# (zarr.json of every array and one chunk per small table).
+FILES_PER_LOCATION = len(IMAGE_VARS)
+STORE_METADATA_FILES = 60
 
 
 def location_id(rois: str, roi: int, patch: int) -> str:

@@ -26,13 +26,11 @@ from pathlib import Path
 
 from vcloud.constants import S1_BANDS, S2_BANDS
 
-# Files of a prepared store per location: d2's sharded store writes one shard file per image
-# variable (s2, s1, cloud_prob) per location, with the metadata amortised over the store; 4 is
-# its stated bound. When merging, point this at the store module's own constant.
-FILES_PER_LOCATION = 4
-# Per store: group and array metadata (zarr.json of ~20 arrays) and small arrays' chunks.
-STORE_METADATA_FILES = 64
-# Split stores are views over the per-ROI stores (one copy of the pixels): metadata only.
+# Files of a prepared store: one shard per image variable per location plus a fixed part per
+# store (the store module's own figures, checked against a real store by its tests).
+from vcloud.data.store import FILES_PER_LOCATION, STORE_METADATA_FILES
+
+# Split stores hard-link the per-ROI shards (one inode, one copy of the pixels): metadata only.
 SPLITS = ("train", "val", "test")
 # Bytes per seek point of an archive index (a 32 KiB window) and per member (table entry).
 INDEX_POINT_BYTES = 32 * 1024 + 32
