@@ -184,6 +184,9 @@ class TrainConfig:
     bf16: bool = False  # bf16 autocast (device "cuda"; on CPU only where requested explicitly)
     grad_scaler: bool = False  # fp16-only tool; refused together with bf16 (see trainer)
     seed: int = 0
+    # TensorBoard event files in results/stage<n>/tensorboard/ (rank 0). Not part of the stage
+    # hash: switching it never restarts a stage.
+    tensorboard: bool = True
 
     def __post_init__(self) -> None:
         _check_positive(self, ("epochs", "batch_size"))
@@ -363,6 +366,10 @@ def config_to_dict(config) -> dict:
 _UPSTREAM = {0: (), 1: (), 2: ("stage0", "stage1"), 3: ("stage0", "stage1", "stage2")}
 
 
+# Settings of how a run is observed, not of what it learns: they change no stage hash.
+_NOT_HASHED_TRAIN_KEYS = ("tensorboard",)
+
+
 def stage_config_dict(cfg: ModelSetConfig, stage: int) -> dict:
     """What a stage depends on: data, its own section and the model sections upstream of it.
 
@@ -370,6 +377,8 @@ def stage_config_dict(cfg: ModelSetConfig, stage: int) -> dict:
     parameter, so changing stage 3's settings reruns stage 3 only.
     """
     full = config_to_dict(cfg)
+    for name in _NOT_HASHED_TRAIN_KEYS:
+        full[f"stage{stage}"].get("train", {}).pop(name, None)
     picked = {"data": full["data"], f"stage{stage}": full[f"stage{stage}"]}
     for name in _UPSTREAM[stage]:
         picked[name] = {"model": full[name].get("model")}

@@ -117,7 +117,7 @@ def test_crash_during_checkpoint_write_resumes_from_the_previous_one(tiny_store,
         _trainer(tiny_store, tmp_path).fit()
     monkeypatch.setattr(torch, "save", real_save)
     assert ckpt.load_checkpoint(tmp_path / "latest.pt")["epoch"] == 1  # the complete one survived
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "latest.pt", "metrics.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "latest.pt", "metrics.jsonl", "tensorboard"]
     _trainer(tiny_store, tmp_path).fit()
     _assert_same(_weights(tmp_path / "latest.pt"), _weights(reference / "latest.pt"))
 

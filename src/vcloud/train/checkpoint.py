@@ -188,26 +188,49 @@ def restore_rng_state(state: dict) -> None:
 # --- resume rule ----------------------------------------------------------------------------
 
 
-def resume_decision(latest: Path, best: Path, config_hash: str) -> str:
+def check_stage(path: Path, stage: int) -> None:
+    """Refuse a checkpoint of another stage where this stage would write (one line)."""
+    path = Path(path)
+    if not path.exists():
+        return
+    found = load_checkpoint(path, mmap=True).get("stage")
+    if found != stage:
+        raise BadInputError(
+            f"{path}: holds a stage {found} checkpoint, but this run trains stage {stage}; "
+            "give this stage its own --out folder (nothing was overwritten)"
+        )
+
+
+def resume_decision(latest: Path, best: Path, config_hash: str, *, stage: int | None = None) -> str:
     """Decide whether a stage starts "fresh" or "resume"s from `latest`.
 
     Rules, in order:
 
+    0. latest.pt or best.pt of another stage         -> BadInputError (never overwritten)
     1. no latest.pt                                  -> "fresh"
     2. latest.pt written under another config hash   -> "fresh" (hyperparameters changed;
        resuming would mix two experiments)
-    3. latest.pt finished and best.pt missing        -> "fresh" (the stage completed before and
-       someone removed its output to force a rerun, e.g. `snakemake -R train_stage1`)
+    3. latest.pt finished and best.pt missing        -> "fresh" (the stage completed and its
+       output was removed to force a rerun: `snakemake -R train_stage1`, or an upstream stage
+       was retrained so snakemake reruns this one)
     4. latest.pt not finished                        -> "resume" (interrupted run: time limit,
-       preemption, crash, StopRequest); a missing best.pt just means no validation yet
+       preemption, crash, StopRequest). A missing best.pt is re-created from the best
+       weights kept in latest.pt: snakemake deletes the output of an interrupted job
     5. latest.pt finished and best.pt present        -> "resume" (nothing left to do: the
-       trainer sees finished=True and exits quickly)
+       trainer sees finished=True, re-syncs best.pt and metrics.jsonl, and exits)
+
+    Rules 3 and 4 tell a deliberate rerun from an interruption by the `finished` flag, which
+    the trainer commits last, after best.pt exists (see Trainer._end_epoch). A finished stage
+    therefore always had a complete best.pt, and only a rerun request removes it.
 
     A latest.pt that cannot be read, or has another format_version, raises BadInputError
     naming it rather than being silently discarded: atomic writes mean it was not half
     written by us, so a person should look (and delete it to start fresh).
     """
     latest, best = Path(latest), Path(best)
+    if stage is not None:
+        check_stage(latest, stage)
+        check_stage(best, stage)
     if not latest.exists():
         log.info("starting fresh: no %s", latest)
         return "fresh"
@@ -227,6 +250,22 @@ def resume_decision(latest: Path, best: Path, config_hash: str) -> str:
     else:
         log.info("resuming interrupted run from %s", latest)
     return "resume"
+
+
+def remove_leftover_temps(folder: Path) -> list[Path]:
+    """Delete `.NAME.tmp-PID` files that killed writes left in `folder`; returns them.
+
+    Call it while holding the folder's lock: then no other process of ours writes there,
+    and every such file is a leftover, whatever its pid.
+    """
+    removed = []
+    for tmp in sorted(Path(folder).glob(".*.tmp-*")):
+        if tmp.is_file() and tmp.name.rsplit(".tmp-", 1)[1].isdigit():
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    if removed:
+        log.info("removed %d leftover temp file(s) of killed writes in %s", len(removed), folder)
+    return removed
 
 
 # --- stop signals ---------------------------------------------------------------------------

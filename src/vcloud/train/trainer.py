@@ -4,13 +4,17 @@ A stage hands the loop a `StageTask` (its model, datasets, loss and validation);
 everything the LUMI field reports taught us to get right once:
 - device "cuda" when available (ROCm maps it) else CPU; bf16 autocast never with GradScaler;
 - DataLoader multiprocessing options only when num_workers > 0;
+- one run per output folder (train/lock.py); leftover temp files of killed writes removed;
 - latest.pt every epoch and at the next step boundary after SIGTERM/SIGUSR1 (then exit so
   SLURM can requeue), best.pt on validation improvement, both atomic; resume restores model,
   optimizer, scheduler, RNG states, curriculum position (the epoch) and data order (the
   sampler position), so a killed and resumed run ends bit-identical to an uninterrupted one;
+- latest.pt is the one record of an epoch's end (best weights and metrics rows included):
+  best.pt, metrics.jsonl and TensorBoard are views of it, re-created when missing or behind,
+  so a kill at any point - or snakemake deleting an interrupted job's best.pt - loses nothing;
 - DDP from torchrun or SLURM variables; only rank 0 writes;
 - a NaN/inf loss stops the run with stage, epoch and step; the last good checkpoint stays;
-- a tqdm bar per epoch, one metrics line per epoch in metrics.jsonl.
+- a tqdm bar per epoch, one metrics line per epoch in metrics.jsonl, TensorBoard scalars.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from vcloud.data.samples import EpochSampler
 from vcloud.errors import ConfigError, StopRequested, VcloudError
 from vcloud.train import checkpoint as ckpt
 from vcloud.train import distributed as dist_utils
+from vcloud.train import lock as out_lock
+from vcloud.train import records
 from vcloud.train.metrics import MetricAccumulator
 
 log = logging.getLogger(__name__)
@@ -136,6 +142,11 @@ class Trainer:
             lambda step: min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(step, total) / total)),
         )
         self.epoch, self.step_in_epoch, self.best_value = 0, 0, -math.inf
+        self.best_epoch: int | None = None  # epoch whose weights are best.pt
+        self.best_weights: dict | None = None  # their CPU copy (rank 0), saved in latest.pt too
+        self.rows: list[dict] = []  # one metrics row per finished epoch (also in latest.pt)
+        self.partial: dict | None = None  # running sums of an epoch interrupted by a stop
+        self.tensorboard: records.TensorBoardLog | None = None
         # Built once: with persistent workers they (and their open stores) live across epochs.
         self.train_loader = self._loader(task.train_set, self.sampler)
         self.val_loader = None
@@ -144,7 +155,11 @@ class Trainer:
             self.val_loader = self._loader(task.val_set, val_sampler)
 
     # --- state -------------------------------------------------------------------------
-    def _state(self, *, finished: bool = False) -> dict:
+    def _state(self, *, finished: bool = False, partial: dict | None = None) -> dict:
+        # The best weights ride along, so a best.pt that snakemake deleted (it removes the
+        # output of an interrupted job) can be re-created. When the best is the model saved
+        # here anyway (improved in the epoch just ended), a None avoids a second copy.
+        best_is_model = self.step_in_epoch == 0 and self.best_epoch == self.epoch - 1
         return {
             **ckpt.checkpoint_meta(stage=self.task.stage, config_hash=self.config_hash),
             "config": self.config,
@@ -155,33 +170,71 @@ class Trainer:
             "epoch": self.epoch,
             "step_in_epoch": self.step_in_epoch,
             "best_value": self.best_value,
+            "best_epoch": self.best_epoch,
+            "best_model": None if best_is_model or self.best_weights is None else self.best_weights,
+            "metrics_rows": self.rows,
+            "partial_epoch": partial,
             "finished": finished,
         }
 
-    def _save_latest(self, *, finished: bool = False) -> None:
+    def _save_latest(self, *, finished: bool = False, partial: dict | None = None) -> None:
         if self.main:
-            ckpt.save_checkpoint(self.latest, self._state(finished=finished))
+            ckpt.save_checkpoint(self.latest, self._state(finished=finished, partial=partial))
         dist_utils.barrier()
 
-    def _save_best(self) -> None:
-        if self.main:
-            state = {
-                **ckpt.checkpoint_meta(stage=self.task.stage, config_hash=self.config_hash),
-                "config": self.config,
-                "model": self.model.state_dict(),
-                "epoch": self.epoch,
-                "best_value": self.best_value,
-                "best_metric": self.task.best_metric,
-            }
-            ckpt.save_checkpoint(self.best, state)
-        dist_utils.barrier()
+    def _write_best(self) -> None:
+        """best.pt from the kept best weights (rank 0); the same bytes of weights every time."""
+        state = {
+            **ckpt.checkpoint_meta(stage=self.task.stage, config_hash=self.config_hash),
+            "config": self.config,
+            "model": self.best_weights,
+            "epoch": self.best_epoch + 1,
+            "best_value": self.best_value,
+            "best_metric": self.task.best_metric,
+        }
+        ckpt.save_checkpoint(self.best, state)
+
+    def _sync_outputs(self) -> None:
+        """Make best.pt, metrics.jsonl and TensorBoard agree with the committed state (rank 0).
+
+        Each is a view of latest.pt: a kill between the commit and its write, or a best.pt
+        deleted by snakemake, is repaired here; an intact one is left as it is.
+        """
+        if not self.main:
+            return
+        if self.best_epoch is None:
+            # Written ahead of a commit that never came (best.pt precedes latest.pt): this
+            # epoch is redone and decides again.
+            if self.best.exists():
+                self.best.unlink()
+        elif not self._best_matches():
+            log.info("stage %d: re-creating %s (best of epoch %d) from %s",
+                     self.task.stage, self.best, self.best_epoch, self.latest)
+            self._write_best()
+        if records.read_metrics(self.metrics_path) != self.rows:
+            records.write_metrics(self.metrics_path, self.rows)
+        if self.cfg.tensorboard:
+            self.tensorboard = records.TensorBoardLog(self.out_dir, stage=self.task.stage)
+            for row in self.rows:
+                self.tensorboard.add(row)
+
+    def _best_matches(self) -> bool:
+        if not self.best.exists():
+            return False
+        try:
+            saved = ckpt.load_checkpoint(self.best, mmap=True)
+        except VcloudError:
+            return False
+        return saved.get("epoch") == self.best_epoch + 1 and saved.get("best_value") == self.best_value
 
     def _resume(self) -> bool:
         """Load latest.pt if the rules say so; True when the stage already finished."""
-        decision = ckpt.resume_decision(self.latest, self.best, self.config_hash)
+        decision = ckpt.resume_decision(self.latest, self.best, self.config_hash, stage=self.task.stage)
         if decision == "fresh":
             if self.main:
                 self.metrics_path.unlink(missing_ok=True)
+                self.best.unlink(missing_ok=True)  # a fresh run's best.pt is its own
+            self._sync_outputs()
             return False
         state = ckpt.load_checkpoint(self.latest)
         self.model.load_state_dict(state["model"])
@@ -190,13 +243,52 @@ class Trainer:
         ckpt.restore_rng_state(state["rng"])
         self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
         self.best_value = state["best_value"]
+        self.partial = state.get("partial_epoch")
+        self.rows = state.get("metrics_rows")
+        if self.rows is None:  # a latest.pt of vcloud <= 0.1.0: rows from the file
+            self.rows = [r for r in records.read_metrics(self.metrics_path) if r.get("epoch", math.inf) < self.epoch]
+        self._restore_best(state)
         log.info("stage %d: resuming from %s at epoch %d step %d", self.task.stage, self.latest, self.epoch, self.step_in_epoch)
+        self._sync_outputs()
         return bool(state["finished"])
+
+    def _restore_best(self, state: dict) -> None:
+        if "best_epoch" in state:
+            self.best_epoch = state["best_epoch"]
+            weights = state["best_model"]
+            if weights is None and self.best_epoch is not None:
+                weights = state["model"]  # the best was the model of this very checkpoint
+        elif self.best.exists():  # vcloud <= 0.1.0 kept the best weights in best.pt only
+            saved = ckpt.load_checkpoint(self.best)
+            self.best_epoch, weights = saved["epoch"] - 1, saved["model"]
+        else:
+            self.best_epoch, weights, self.best_value = None, None, -math.inf
+        self.best_weights = weights if self.main else None
 
     # --- loop --------------------------------------------------------------------------
     def fit(self) -> dict:
+        lock = out_lock.OutputLock(self.out_dir)
+        failed = None
         if self.main:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                lock.acquire()
+            except VcloudError as err:
+                failed = err
+        # Every rank leaves together; a rank 0 that stopped alone would hang the others.
+        if dist_utils.any_rank(failed is not None, self.device):
+            raise failed or VcloudError(f"{self.out_dir}: rank 0 could not lock the output folder")
+        try:
+            return self._fit()
+        finally:
+            if self.tensorboard is not None:
+                self.tensorboard.close()
+            lock.release()
+
+    def _fit(self) -> dict:
+        if self.main:
+            for folder in {self.out_dir, self.latest.parent}:
+                if folder.is_dir():
+                    ckpt.remove_leftover_temps(folder)
             for name, content in self.task.artifacts.items():
                 (self.out_dir / f"{name}.json").write_text(json.dumps(content, indent=1))
         if self._resume():
@@ -206,18 +298,40 @@ class Trainer:
             while self.epoch < self.cfg.epochs:
                 record = self._train_epoch(stop)
                 record.update(self._validate())
-                value = float(record.get(f"val_{self.task.best_metric}", -math.inf))
-                improved = value > self.best_value
-                if improved:
-                    self.best_value = value
-                record["best"] = improved
-                self.epoch += 1
-                self.step_in_epoch = 0
-                self._save_latest(finished=self.epoch >= self.cfg.epochs)
-                if improved:
-                    self._save_best()
-                self._log_metrics(record)
+                self._end_epoch(record)
         return {"finished": True, "best_value": self.best_value}
+
+    def _end_epoch(self, record: dict) -> None:
+        """Commit an epoch so that a kill between any two writes leaves a consistent state.
+
+        1. best.pt, when improved: ahead of the commit; if the commit never happens the
+           resumed run redoes the epoch and _sync_outputs drops or rewrites it.
+        2. latest.pt (atomic rename): THE commit - epoch, best weights, the metrics rows and,
+           last of all, `finished`. So a finished latest.pt always has a best.pt beside it.
+        3. metrics.jsonl and TensorBoard: views of the rows, rewritten at every start.
+        """
+        value = float(record.get(f"val_{self.task.best_metric}", -math.inf))
+        improved = value > self.best_value
+        if improved:
+            self.best_value, self.best_epoch = value, self.epoch
+            if self.main:
+                self.best_weights = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+                self._write_best()
+        elif self.main and self.best_epoch is not None and not self.best.exists():
+            self._write_best()  # deleted under us (snakemake); a finished stage needs it
+        record["best"] = improved
+        self._finish_record(record)
+        self.rows.append(record)
+        self.epoch += 1
+        self.step_in_epoch = 0
+        self.partial = None
+        self._save_latest(finished=self.epoch >= self.cfg.epochs)
+        if self.main:
+            records.write_metrics(self.metrics_path, self.rows)
+            if self.tensorboard is not None:
+                self.tensorboard.add(record)
+            shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in record.items() if k != "wall_time"}
+            log.info("stage %d epoch %d: %s", self.task.stage, record["epoch"], shown)
 
     def _loader(self, dataset: Dataset, sampler) -> DataLoader:
         return DataLoader(dataset, sampler=sampler, **loader_kwargs(self.data_cfg, batch_size=self.cfg.batch_size))
@@ -230,7 +344,9 @@ class Trainer:
         extra = self.task.on_epoch_start(self.epoch) if self.task.on_epoch_start else {}
         self.sampler.set_epoch(self.epoch, start=self.step_in_epoch * self.cfg.batch_size)
         self.ddp_model.train()
-        losses, samples, wait = [], 0, 0.0
+        # Sums carried over from the part of this epoch that ran before a stop, so the logged
+        # loss averages every step of the epoch, not only those after the resume.
+        loss_sum, steps, samples, wait, before = self._restore_partial()
         start = time.perf_counter()
         bar = tqdm(
             total=self.steps_per_epoch,
@@ -245,9 +361,11 @@ class Trainer:
             with self._autocast():
                 loss = self.task.loss(self.ddp_model, batch)
             if not torch.isfinite(loss.detach()).all():
+                kept = (f"the last good checkpoint {self.latest} is kept" if self.latest.exists()
+                        else "no checkpoint was written yet")
                 raise TrainingDiverged(
                     f"stage {self.task.stage}, epoch {self.epoch}, step {self.step_in_epoch}: loss is "
-                    f"{loss.item()}; stopped, the last good checkpoint {self.latest} is kept"
+                    f"{loss.item()}; stopped, {kept}"
                 )
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -256,31 +374,61 @@ class Trainer:
             self.optimizer.step()
             self.scheduler.step()
             self.step_in_epoch += 1
-            losses.append(loss.item())
+            value = loss.item()
+            loss_sum += value
+            steps += 1
             samples += len(next(iter(batch.values())))
             bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+            bar.set_postfix(loss=f"{value:.4f}")
             # Every rank stops at the same step (a lone rank leaving would hang the others).
             if dist_utils.any_rank(stop.requested, self.device):
                 bar.close()
-                self._save_latest()
+                elapsed = before + time.perf_counter() - start
+                self._save_latest(partial=self._gather_partial(loss_sum, steps, samples, wait, elapsed))
                 raise StopRequested(
                     f"stage {self.task.stage}: {stop.signal_name} at epoch {self.epoch} step "
                     f"{self.step_in_epoch}; wrote {self.latest}, rerun to resume"
                 )
             fetch_start = time.perf_counter()
         bar.close()
-        elapsed = time.perf_counter() - start
-        mean_loss = dist_utils.all_reduce_mean(sum(losses) / max(len(losses), 1), self.device)
+        elapsed = before + time.perf_counter() - start
+        totals = dist_utils.all_reduce_sum(torch.tensor([loss_sum, float(steps)], dtype=torch.float64), self.device)
         return {
             "epoch": self.epoch,
-            "loss": mean_loss,
+            "loss": float(totals[0]) / max(float(totals[1]), 1.0),
             "lr": self.scheduler.get_last_lr()[0],
             "samples_per_s": samples * self.env.world_size / max(elapsed, 1e-9),
             "data_wait_fraction": wait / max(elapsed, 1e-9),
             "epoch_s": elapsed,
             **extra,
         }
+
+    def _gather_partial(self, loss_sum: float, steps: int, samples: int, wait: float, elapsed: float) -> dict:
+        """Every rank's running sums of the interrupted epoch, for rank 0 to save."""
+        mine = torch.tensor([loss_sum, float(steps), float(samples), wait, elapsed], dtype=torch.float64)
+        rows = [mine]
+        if self.env.world_size > 1:
+            import torch.distributed as dist
+
+            on = self.device if self.device != "cuda" else torch.device("cuda", torch.cuda.current_device())
+            rows = [torch.zeros_like(mine, device=on) for _ in range(self.env.world_size)]
+            dist.all_gather(rows, mine.to(on))
+        per_rank = [[float(v) for v in row.cpu().tolist()] for row in rows]
+        return {"world_size": self.env.world_size, "per_rank": per_rank}
+
+    def _restore_partial(self) -> tuple[float, int, int, float, float]:
+        partial, self.partial = self.partial, None
+        if not partial or self.step_in_epoch == 0:
+            return 0.0, 0, 0, 0.0, 0.0
+        per_rank = partial["per_rank"]
+        if partial["world_size"] == self.env.world_size:
+            row = per_rank[self.env.rank]
+        elif self.env.rank == 0:  # another world size: rank 0 carries the totals
+            row = [sum(column) for column in zip(*per_rank)]
+            row[4] = max(r[4] for r in per_rank)
+        else:
+            row = [0.0] * 5
+        return row[0], int(row[1]), int(row[2]), row[3], row[4]
 
     @torch.no_grad()
     def _validate(self) -> dict:
@@ -296,16 +444,11 @@ class Trainer:
         means = acc.compute(reduce_fn=dist_utils.all_reduce_sum_fn(self.device))
         return {f"val_{k}": float(v) for k, v in means.items()}
 
-    def _log_metrics(self, record: dict) -> None:
+    def _finish_record(self, record: dict) -> None:
         record.update(
             peak_memory_mb=_peak_memory_mb(self.device),
             world_size=self.env.world_size,
             wall_time=time.time(),
             **self.task.summary,
         )
-        if not self.main:
-            return
-        with self.metrics_path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
-        shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in record.items() if k != "wall_time"}
-        log.info("stage %d epoch %d: %s", self.task.stage, record["epoch"], shown)
+        record.update(records.plain(record))  # loadable from latest.pt with weights_only

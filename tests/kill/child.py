@@ -1,0 +1,103 @@
+"""`vcloud train` that SIGKILLs itself at one chosen point (the kill harness's child process).
+
+    python -m tests.kill.child POINT N SECONDS -- <vcloud train arguments>
+
+POINT is where to die, at its N-th occurrence: save_mid (inside torch.save, half a file
+written), before_rename / after_rename (either side of an os.replace: checkpoints, metrics),
+validation (entering validation), metrics (entering the metrics.jsonl write), timer (after
+SECONDS of wall time from the start of training), none. Nothing here is known to the trainer:
+the points are where its code calls torch.save, os.replace and so on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def install(point: str, n: int, seconds: float) -> None:
+    import torch
+
+    from vcloud.train import checkpoint, records, trainer
+
+    count = {"n": 0}
+
+    def hit() -> bool:
+        count["n"] += 1
+        return count["n"] == n
+
+    if point == "save_mid":
+        real = torch.save
+
+        def save(obj, f, *args, **kwargs):
+            if hit():
+                f.write(b"PK\x03\x04 half a checkpoint")
+                f.flush()
+                die()
+            return real(obj, f, *args, **kwargs)
+
+        torch.save = save
+    elif point in ("before_rename", "after_rename"):
+        real_replace = os.replace
+
+        def replace(src, dst, *args, **kwargs):
+            dying = hit()
+            if dying and point == "before_rename":
+                die()
+            real_replace(src, dst, *args, **kwargs)
+            if dying:
+                die()
+
+        checkpoint.os.replace = replace  # the same os module everywhere: patches records too
+    elif point == "validation":
+        real_validate = trainer.Trainer._validate
+
+        def validate(self):
+            if hit():
+                die()
+            return real_validate(self)
+
+        trainer.Trainer._validate = validate
+    elif point == "metrics":
+        real_write = records.write_metrics
+
+        def write_metrics(path, rows):
+            if hit():
+                die()
+            return real_write(path, rows)
+
+        records.write_metrics = write_metrics
+    elif point == "timer":
+        real_fit = trainer.Trainer._fit
+
+        def fit(self):
+            timer = threading.Timer(seconds, die)
+            timer.daemon = True
+            timer.start()
+            return real_fit(self)
+
+        trainer.Trainer._fit = fit
+    elif point != "none":
+        raise SystemExit(f"unknown point {point}")
+
+
+def main() -> int:
+    point, n, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    assert sys.argv[4] == "--"
+    import torch
+
+    torch.set_num_threads(1)  # identical arithmetic in every process, and fair to a busy machine
+    install(point, n, seconds)
+    from vcloud.cli import main as vcloud
+
+    return vcloud(["train", *sys.argv[5:]])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

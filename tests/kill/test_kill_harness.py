@@ -1,0 +1,129 @@
+"""Kill harness: SIGKILL training at chosen points and at random times, resume, compare.
+
+Each stage (0: autoencoder, 1: CFDT) is trained uninterrupted once, then again as a chain of
+processes that each SIGKILL themselves at one point - inside torch.save, either side of a
+rename (checkpoints and metrics.jsonl), entering validation, entering the metrics write, or
+at a random time - and the next process resumes. The chain ends with a run that is not
+killed. The result must equal the uninterrupted run bit for bit (best.pt and latest.pt
+weights, optimizer moments) with exactly one metrics row per epoch, equal to the reference's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from vcloud.train import checkpoint as ckpt
+
+REPO = Path(__file__).parents[2]
+EPOCHS = 3
+# Deterministic metrics-row fields (timing and memory fields differ between any two runs).
+SAME_KEYS = ("epoch", "loss", "lr", "best", "curriculum", "val_psnr", "val_ssim", "val_sam", "val_mae", "val_rmse")
+
+# Where to die, at which occurrence within that process. Chained: each process resumes what the
+# previous one left. Writes per epoch: best.pt (when improved), latest.pt, metrics.jsonl.
+CHAIN = [
+    ("save_mid", 1),       # the first best.pt, half written
+    ("after_rename", 1),   # best.pt of epoch 0 in place, latest.pt not yet: best ahead of state
+    ("before_rename", 2),  # latest.pt of epoch 0 written to its temp file, not renamed
+    ("after_rename", 2),   # epoch 0 committed, metrics.jsonl not yet rewritten
+    ("metrics", 1),        # entering the metrics write at the start of a resume
+    ("validation", 1),
+    ("save_mid", 2),
+    ("before_rename", 3),
+    ("after_rename", 4),
+    ("metrics", 2),
+    ("after_rename", 6),
+]
+RANDOM_KILLS = 4
+
+
+@pytest.fixture(scope="module")
+def harness_config(tmp_path_factory):
+    config = yaml.safe_load((REPO / "tests/workflow/tiny_models.yaml").read_text())
+    config["data"].update(samples_per_epoch=4, val_samples=2)
+    for stage in ("stage0", "stage1"):
+        config[stage]["train"].update(epochs=EPOCHS, batch_size=2)
+    path = tmp_path_factory.mktemp("harness") / "kill.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _train(point: str, n: int, seconds: float, *, stage: int, config: Path, store: Path, out: Path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]))
+    command = [sys.executable, "-m", "tests.kill.child", point, str(n), str(seconds), "--",
+               "--stage", str(stage), "--config", str(config), "--train", str(store), "--val", str(store),
+               "--out", str(out)]
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+
+
+def _rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _same_rows(rows, reference):
+    assert [r["epoch"] for r in rows] == list(range(EPOCHS))
+    for row, ref in zip(rows, reference):
+        assert {k: row.get(k) for k in SAME_KEYS} == {k: ref.get(k) for k in SAME_KEYS}
+
+
+def _same_weights(a: dict, b: dict):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+@pytest.fixture(scope="module")
+def references(tiny_store, harness_config, tmp_path_factory):
+    outs = {}
+    for stage in (0, 1):
+        out = tmp_path_factory.mktemp(f"reference{stage}")
+        proc = _train("none", 0, 0, stage=stage, config=harness_config, store=tiny_store, out=out)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outs[stage] = out
+    return outs
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_sigkill_anywhere_then_resume_ends_bit_identical(stage, tiny_store, harness_config, references, tmp_path):
+    reference = references[stage]
+    rng = random.Random(1234 + stage)  # fixed: the same random kill times on every run
+    kills = CHAIN + [("timer", 0, rng.uniform(0.02, 1.0)) for _ in range(RANDOM_KILLS)]
+    out = tmp_path / "out"
+    died = []
+    for kill in kills:
+        point, n, seconds = (*kill, 0.0) if len(kill) == 2 else kill
+        proc = _train(point, n, seconds, stage=stage, config=harness_config, store=tiny_store, out=out)
+        assert proc.returncode in (0, -signal.SIGKILL), (kill, proc.stderr[-3000:])
+        if proc.returncode == -signal.SIGKILL:
+            died.append(kill)
+            if (out / "latest.pt").exists():
+                ckpt.load_checkpoint(out / "latest.pt")  # never unreadable
+            if (out / "metrics.jsonl").exists():
+                epochs = [r["epoch"] for r in _rows(out)]
+                assert epochs == list(range(len(epochs))), (kill, epochs)  # no gap, no repeat
+    assert len(died) >= len(CHAIN) - 2, died  # the chain really was interrupted, again and again
+    proc = _train("none", 0, 0, stage=stage, config=harness_config, store=tiny_store, out=out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    latest, ref_latest = ckpt.load_checkpoint(out / "latest.pt"), ckpt.load_checkpoint(reference / "latest.pt")
+    assert latest["finished"] and latest["epoch"] == EPOCHS
+    _same_weights(latest["model"], ref_latest["model"])
+    for key, moments in ref_latest["optimizer"]["state"].items():
+        assert torch.equal(latest["optimizer"]["state"][key]["exp_avg"], moments["exp_avg"])
+        assert torch.equal(latest["optimizer"]["state"][key]["exp_avg_sq"], moments["exp_avg_sq"])
+    best, ref_best = ckpt.load_checkpoint(out / "best.pt"), ckpt.load_checkpoint(reference / "best.pt")
+    assert best["epoch"] == ref_best["epoch"] and best["best_value"] == ref_best["best_value"]
+    _same_weights(best["model"], ref_best["model"])
+    _same_rows(_rows(out), _rows(reference))
+    assert not [p.name for p in out.iterdir() if ".tmp-" in p.name]
+    assert not (out / ".train.lock").exists()
