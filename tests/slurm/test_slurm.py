@@ -201,3 +201,67 @@ def test_lumi_profile_submits_through_slurm_into_the_image(slurm_cluster, tmp_pa
         acct = sacct(log.stem)
         assert acct["state"] == "COMPLETED" and acct["partition"] == "small"
         assert acct["account"] == TEST_ACCOUNT
+
+
+def _model_state(path: Path) -> dict:
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    return state["model"]
+
+
+def test_wall_time_warning_checkpoints_and_snakemake_resubmits_until_done(slurm_cluster, tmp_path):
+    """Stage 0 in one-minute jobs through `snakemake --profile lumi`: SLURM sends SIGUSR1
+    (--signal=USR1@S from cluster.signal_seconds) to the rule's own job step, the trainer
+    writes latest.pt and exits 3, snakemake resubmits the rule (its retries from the config),
+    the next job resumes, and the stage completes with the weights of an uninterrupted run."""
+    import torch
+
+    models = yaml.safe_load((REPO / "tests/workflow/tiny_models.yaml").read_text())
+    models["stage0"]["train"]["epochs"] = 24  # ~2 s each here: longer than one job's share
+    (tmp_path / "models.yaml").write_text(yaml.safe_dump(models))
+    overlay, cluster = write_overlay(
+        tmp_path,
+        synthetic={"enabled": True, "rois": ["ROIs1868/119", "ROIs2017/22", "ROIs1158/119"], "patches": 1},
+        model_config=str(tmp_path / "models.yaml"),
+    )
+    extra = yaml.safe_load(overlay.read_text())
+    extra["cluster"].update(signal_seconds=30, restart_minutes=0, spare_retries=1)
+    extra["resources"].update(
+        assemble_split={"runtime": 20, "mem_mb": 1000, "threads": 1, "partition": "small"},
+        # 1 min: ~30 s before the warning; epoch_minutes sets retries = ceil(24 x 2 s / 0.5 min) + 1.
+        train_stage0={"runtime": 1, "mem_mb_per_gpu": 1500, "threads": 1, "partition": "small-g",
+                      "gpus": 1, "cpus_per_gpu": 2, "epoch_minutes": 2 / 60 * 1.5},
+    )
+    overlay.write_text(yaml.safe_dump(extra))
+    env = stand_in_env(tmp_path)
+    env["PYTHONPATH"] = str(REPO / "src")
+    base = [*SNAKEMAKE, "--profile", "lumi", "-d", str(tmp_path), "--configfile", "config/lumi.yaml",
+            str(overlay), "--apptainer-args", cluster.apptainer_args(), *FAST]
+    stores = ["results/prepared/train.zarr", "results/prepared/val.zarr"]
+    data = subprocess.run([*base, "--executor", "local", "--cores", "2", "--", *stores],
+                          cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+    assert data.returncode == 0, (data.stdout + data.stderr)[-4000:]
+    proc = subprocess.run([*base, "--", "results/stage0/best.pt"], cwd=REPO, capture_output=True,
+                          text=True, env=env, timeout=1500)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    jobs = sorted((tmp_path / "logs" / "slurm" / "rule_train_stage0").rglob("*.log"), key=lambda p: int(p.stem))
+    states = [sacct(job.stem) for job in jobs]
+    assert len(jobs) >= 2, states
+    assert states[-1]["state"] == "COMPLETED"
+    assert all(s["state"] in ("FAILED", "TIMEOUT") for s in states[:-1]), states
+    assert all(s["partition"] == "small-g" and minutes(s["timelimit"]) == 1 for s in states)
+    log = (tmp_path / "logs/train_stage0/train_stage0.log").read_text()  # the last job's log
+    assert "resum" in log.lower(), log[-3000:]
+    assert any("SIGUSR1" in (job.read_text()) for job in jobs[:-1]) or "SIGUSR1" in out, out[-3000:]
+    # The same training uninterrupted, on the host.
+    ref = tmp_path / "reference"
+    train = subprocess.run(["vcloud", "train", "--stage", "0", "--config", str(tmp_path / "models.yaml"),
+                            "--train", str(tmp_path / stores[0]), "--val", str(tmp_path / stores[1]),
+                            "--out", str(ref)], capture_output=True, text=True, env=env, timeout=600)
+    assert train.returncode == 0, train.stderr[-3000:]
+    got, want = _model_state(tmp_path / "results/stage0/best.pt"), _model_state(ref / "best.pt")
+    assert got.keys() == want.keys()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    print(f"wall-time resubmission: {len(jobs)} jobs: {[s['state'] for s in states]}")

@@ -181,6 +181,7 @@ def test_placeholder_account(base, model_set):
 
 
 @pytest.mark.parametrize("change,expected", [
+    ({"cpus_per_gpu": 1}, "resources.train_stage1.cpus_per_gpu: 1 x 1 = 1 core; a GPU rule needs 2"),
     ({"runtime": 4321}, "resources.train_stage1.runtime: 3-00:01:00 is above the small-g limit"),
     ({"partition": "standard-g", "gpus": 8, "runtime": 2881}, "resources.train_stage1.runtime: 2-00:01:00 is above the standard-g"),
     ({"partition": "small"}, "resources.train_stage1.gpus: small has no GPUs"),
@@ -246,6 +247,10 @@ def test_cli_exits_nonzero_with_one_line_per_problem(tmp_path):
                          capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 2
     errors = [line for line in out.stdout.splitlines() if line.startswith("error:")]
+    image = "/appl/local/csc/soft/ai/images/pytorch_2.5.1_lumi_rocm6.2.4_flash-attn-3.0.0.post1.sif"
+    env = "/projappl/project_465XXXXXX/vcloud/vcloud-env.sqsh"
     assert errors == ["error: cluster.account: 'project_465XXXXXX' is a placeholder; set your LUMI "
-                      "project (e.g. project_465000123) in config/lumi.yaml"]
+                      "project (e.g. project_465000123) in config/lumi.yaml",
+                      f"error: cluster.image: {image} not found; see the README quick start (`vcloud image`)",
+                      f"error: cluster.env_image: {env} not found; build it with `vcloud image`"]
     assert "stage-1 memory estimate" in out.stdout and "GPU-h budget" in out.stdout

@@ -126,6 +126,10 @@ def check_resources(config: dict, cluster: Cluster, report: Report, overrides: d
         elif part.full_nodes and res.gpus != part.gpus_per_node:
             report.errors.append(f"{where}.gpus: {part.name} allocates and bills whole nodes; ask "
                                  f"for all {part.gpus_per_node} GCDs or use small-g")
+        if res.gpus and res.gpus * res.cpus_per_gpu < 2:
+            report.errors.append(f"{where}.cpus_per_gpu: {res.gpus} x {res.cpus_per_gpu} = 1 core; a GPU "
+                                 "rule needs 2 (it runs its own job step, and the SLURM plugin "
+                                 "asks for 2 tasks per node: SLURM refuses more tasks than cores)")
         if res.gpus and res.gpus * res.cpus_per_gpu > 56:
             report.errors.append(f"{where}.cpus_per_gpu: {res.cpus_per_gpu} x {res.gpus} GCDs is "
                                  "more than the 56 cores a LUMI-G node gives (7 per GCD)")
@@ -321,6 +325,11 @@ def run(profile: Path, config_file: Path | None) -> Report:
             report.errors.append(f"{profile}/config.yaml: stale, not generated from "
                                  f"{files[-1]}; run `vcloud lumi-profile`")
     report.errors += version_problems()
+    if cluster is not None:
+        from vcloud.runtime.image import check as check_image
+
+        report.errors += check_image(image=cluster.image, env_image=cluster.env_image,
+                                     repo=repo_paths(files[0])[0].parent.parent)
     return report
 
 

@@ -81,6 +81,7 @@ class Cluster:
     signal_seconds: int = 300
     restart_minutes: float = 10.0
     spare_retries: int = 2
+    env_image: str | None = None  # squashfs venv made by `vcloud image`, bound at /user-software
 
     @classmethod
     def from_config(cls, config: dict) -> Cluster | None:
@@ -107,19 +108,27 @@ class Cluster:
             signal_seconds=int(section.get("signal_seconds", 300)),
             restart_minutes=float(section.get("restart_minutes", 10)),
             spare_retries=int(section.get("spare_retries", 2)),
+            env_image=_expand(section.get("env_image"), account),
         )
 
     # --- container -----------------------------------------------------------------------
 
     def apptainer_args(self) -> str:
-        """Bind options for every container call: one -B per path, never --rocm."""
-        return " ".join(f"-B {shlex.quote(path)}" for path in self.binds)
+        """Bind options for every container call: one -B per path, never --rocm; the
+        squashfs environment (`vcloud image`) mounted at /user-software."""
+        binds = list(self.binds)
+        if self.env_image:
+            binds.append(f"{self.env_image}:/user-software:image-src=/")
+        return " ".join(f"-B {shlex.quote(path)}" for path in binds)
 
     def container_env(self) -> dict[str, str]:
         """Variables the host sets before `apptainer exec` (the profile's precommand)."""
         libs = ",".join(self.containlibs)
         env = {"SINGULARITY_CONTAINLIBS": libs, "APPTAINER_CONTAINLIBS": libs}
-        if self.pylibs:  # extra packages in /projappl instead of a derived image (seed 001)
+        if self.env_image:  # the venv inside it comes first on PATH (LUMI AI guide, ch. 2)
+            for prefix in ("SINGULARITYENV", "APPTAINERENV"):
+                env[f"{prefix}_PREPEND_PATH"] = "/user-software/venv/bin"
+        elif self.pylibs:  # extra packages in /projappl instead of a derived image (seed 001)
             for prefix in ("SINGULARITYENV", "APPTAINERENV"):
                 env[f"{prefix}_PYTHONPATH"] = self.pylibs
                 env[f"{prefix}_PREPEND_PATH"] = f"{self.pylibs}/bin"
