@@ -104,7 +104,10 @@ def test_multinode_line_geometry_masks_binds_image(lumi_config, cluster):
         assert f"-B {path}" in srun
     assert "--rocm" not in line
     assert srun.endswith("singularity exec " + cluster.apptainer_args() + " " + cluster.image)
-    assert cluster.image == "/projappl/project_465000123/vcloud/vcloud.sif"
+    assert cluster.image.endswith("pytorch_2.5.1_lumi_rocm6.2.4_flash-attn-3.0.0.post1.sif")
+    # The squashfs environment of `vcloud image`, first on PATH inside the container.
+    assert "-B /projappl/project_465000123/vcloud/vcloud-env.sqsh:/user-software:image-src=/" in srun
+    assert "export SINGULARITYENV_PREPEND_PATH=/user-software/venv/bin" in line
     assert "SINGULARITY_CONTAINLIBS=/usr/lib64/libcxi.so.1,/opt/rocm/lib/librocm_smi64.so.7" in line
 
 
@@ -167,7 +170,7 @@ def test_stale_profile_check_fails(tmp_path):
 
 
 def test_pylibs_alternative_goes_on_pythonpath_and_path(cluster):
-    cl = dataclasses.replace(cluster, pylibs="/projappl/project_465000123/pylibs")
+    cl = dataclasses.replace(cluster, pylibs="/projappl/project_465000123/pylibs", env_image=None)
     env = cl.container_env()
     assert env["SINGULARITYENV_PYTHONPATH"] == "/projappl/project_465000123/pylibs"
     assert env["SINGULARITYENV_PREPEND_PATH"] == "/projappl/project_465000123/pylibs/bin"

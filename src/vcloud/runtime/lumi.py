@@ -89,6 +89,8 @@ class Cluster:
         if not section:
             return None
         account = section["account"]
+        if section.get("pylibs") and section.get("env_image"):
+            raise ConfigError("cluster: pylibs and env_image both set; keep one (env_image: `vcloud image`)")
         partitions = {
             name: Partition(name=name, **values) for name, values in section["partitions"].items()
         }
