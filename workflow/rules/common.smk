@@ -302,6 +302,11 @@ def get_retries(rule_name):
     global --retries applies)."""
     if CLUSTER is None:
         return None
+    if not workflow.is_main_process:
+        # Inside the SLURM job: a rule's own retries would rerun the command in the same
+        # allocation after the warning (measured: a second step, killed at the time limit).
+        # Snakemake >= 9.14.1 does this for --retries; the rule directive needs it here.
+        return 0
     res = get_rule_resources(rule_name)
     stage = re.fullmatch(r"train_stage(\d)", rule_name)
     minutes = EPOCH_MINUTES.get(rule_name) or res.epoch_minutes
