@@ -95,7 +95,20 @@ def _cmd_train(args: argparse.Namespace) -> None:
     )
 
 
+def _warned(signum, frame) -> None:
+    import os
+
+    # Only a write: nothing else is safe inside a signal handler.
+    os.write(2, b"vcloud evaluate: SIGUSR1 (the wall time ends soon); evaluation cannot resume, "
+                b"so it carries on and a timeout is resubmitted by snakemake\n")
+
+
 def _cmd_evaluate(args: argparse.Namespace) -> None:
+    import signal
+
+    # The GPU rules' wall-time warning (sbatch --signal=USR1@S) would kill an evaluation by
+    # default, S seconds before it had to stop; it has nothing to save, so it keeps going.
+    signal.signal(signal.SIGUSR1, _warned)
     _apply_env(args)
     from vcloud.train.evaluate import evaluate
 

@@ -316,3 +316,20 @@ def test_epoch_time_is_measured_from_metrics_and_retries_cover_it():
                           restart_minutes=10, spare=2) == 17 - 1 + 2  # 2700 min / 165 min
     with pytest.raises(ConfigError, match="no training time"):
         retries_needed(epochs=1, epoch_minutes=1, runtime=10, signal_seconds=300, restart_minutes=10, spare=0)
+
+
+def test_evaluate_survives_the_wall_time_warning(tmp_path):
+    """SIGUSR1 during `vcloud evaluate` is noted, not fatal (it has no state to save)."""
+    code = ("import os, signal, sys\n"
+            "import vcloud.cli as cli\n"
+            "def fake(args):\n"
+            "    import signal as s\n"
+            "    os.kill(os.getpid(), s.SIGUSR1)\n"
+            "    print('still running')\n"
+            "import vcloud.train.evaluate as ev\n"
+            "ev.evaluate = lambda **kw: fake(None)\n"
+            "sys.exit(cli.main(['evaluate', '--stage', '0', '--store', 'x', '--out', 'y', '--config', 'z']))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert out.returncode == 0 and out.stdout.strip() == "still running", out.stderr
+    assert "SIGUSR1 (the wall time ends soon)" in out.stderr
