@@ -261,8 +261,10 @@ def test_wall_time_warning_checkpoints_and_snakemake_resubmits_until_done(slurm_
     assert all(not any(line.startswith(f"{job.stem}.1|") for line in steps[job.stem]) for job in jobs), steps
     rows = [json.loads(x) for x in (tmp_path / "results/stage0/metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == list(range(90))  # one row per epoch across the jobs
-    # The same training uninterrupted, on the host.
+    # The same training uninterrupted, on the host, with the job's thread count (snakemake
+    # exports OMP_NUM_THREADS = the rule's threads; another count changes float sums).
     ref = tmp_path / "reference"
+    env["OMP_NUM_THREADS"] = str(extra["resources"]["train_stage0"]["threads"])
     train = subprocess.run(["vcloud", "train", "--stage", "0", "--config", str(tmp_path / "models.yaml"),
                             "--train", str(tmp_path / stores[0]), "--val", str(tmp_path / stores[1]),
                             "--out", str(ref)], capture_output=True, text=True, env=env, timeout=600)
