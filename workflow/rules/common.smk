@@ -297,8 +297,8 @@ EPOCH_MINUTES = get_epoch_minutes() if CLUSTER is not None else {}
 
 
 def get_retries(rule_name):
-    """Resubmissions of a GPU rule on a cluster: enough jobs for the stage's epochs at the
-    measured (else configured) epoch time, plus cluster.spare_retries; None elsewhere (the
+    """On a cluster, resubmissions of a GPU job: enough jobs for the stage's epochs at the
+    measured (else configured) epoch time, plus cluster.spare_retries. None elsewhere (the
     global --retries applies)."""
     if CLUSTER is None:
         return None
