@@ -146,14 +146,13 @@ def _cmd_image(args: argparse.Namespace) -> None:
     out = args.out or cluster.env_image
     if out is None:
         raise VcloudError(f"{args.config}: cluster.env_image is null; give --out FILE.sqsh")
-    if problem := cluster.account_problem():
-        if "{account}" not in str(args.out or "") and args.out is None:
-            raise VcloudError(problem)
+    if args.out is None and (problem := cluster.account_problem()):
+        raise VcloudError(problem)  # cluster.env_image is under the project's /projappl
     for line in image.build(base=cluster.image, repo=Path(__file__).resolve().parents[2], out=Path(out),
                             runner=args.runner, dry_run=args.dry_run):
         print(line)
     if not args.dry_run:
-        print(f"{out}: written ({image.version_stamp(Path('.'))})")
+        print(f"{out}: written ({image.version_stamp(Path('.'))}); bound by every rule at /user-software")
 
 
 def _cmd_doctor(args: argparse.Namespace) -> None:
