@@ -136,7 +136,20 @@ def _cmd_train(args: argparse.Namespace) -> None:
     )
 
 
+def _warned(signum, frame) -> None:
+    import os
+
+    # Only a write: nothing else is safe inside a signal handler.
+    os.write(2, b"vcloud evaluate: SIGUSR1 (the wall time ends soon); evaluation cannot resume, "
+                b"so it carries on and a timeout is resubmitted by snakemake\n")
+
+
 def _cmd_evaluate(args: argparse.Namespace) -> None:
+    import signal
+
+    # The GPU rules' wall-time warning (sbatch --signal=USR1@S) would kill an evaluation by
+    # default, S seconds before it had to stop; it has nothing to save, so it keeps going.
+    signal.signal(signal.SIGUSR1, _warned)
     _apply_env(args)
     from vcloud.train.evaluate import evaluate
 
@@ -161,6 +174,26 @@ def _cmd_lumi_profile(args: argparse.Namespace) -> None:
     from vcloud.runtime.profile import write_profile
 
     print(write_profile(args.config, args.out, check=args.check))
+
+
+def _cmd_image(args: argparse.Namespace) -> None:
+    from vcloud.runtime import image
+    from vcloud.runtime.lumi import Cluster
+    from vcloud.runtime.profile import load_workflow_config
+
+    cluster = Cluster.from_config(load_workflow_config(args.config))
+    if cluster is None:
+        raise VcloudError(f"{args.config}: no cluster section")
+    out = args.out or cluster.env_image
+    if out is None:
+        raise VcloudError(f"{args.config}: cluster.env_image is null; give --out FILE.sqsh")
+    if args.out is None and (problem := cluster.account_problem()):
+        raise VcloudError(problem)  # cluster.env_image is under the project's /projappl
+    for line in image.build(base=cluster.image, repo=Path(__file__).resolve().parents[2], out=Path(out),
+                            runner=args.runner, dry_run=args.dry_run):
+        print(line)
+    if not args.dry_run:
+        print(f"{out}: written ({image.version_stamp(Path('.'))}); bound by every rule at /user-software")
 
 
 def _cmd_doctor(args: argparse.Namespace) -> None:
@@ -328,6 +361,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("profiles/lumi/config.yaml"))
     p.add_argument("--check", action="store_true", help="fail when the profile differs, write nothing")
     p.set_defaults(func=_cmd_lumi_profile)
+
+    p = sub.add_parser("image", help="build the squashfs venv of every rule inside the CSC image (works on LUMI)")
+    p.add_argument("--config", type=Path, default=Path("config/lumi.yaml"), help="workflow config with a cluster section")
+    p.add_argument("--out", type=Path, help="FILE.sqsh (default: cluster.env_image)")
+    p.add_argument("--runner", default="singularity", help="container runtime (singularity or apptainer)")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    p.set_defaults(func=_cmd_image)
 
     p = sub.add_parser("doctor", help="pre-flight checks of a cluster run (one line per problem)")
     p.add_argument("--profile", type=Path, default=Path("profiles/lumi"), help="snakemake profile folder")

@@ -8,6 +8,7 @@ CI runs them.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -118,12 +119,17 @@ def test_every_rule_ran_as_a_slurm_job_with_its_configured_request(slurm_run):
     ran = sorted(jobs.values())
     expected = (["assemble_split"] * 3 + [f"evaluate_stage{n}" for n in range(4)]
                 + ["prepare_roi"] * 4 + ["synth_raw"] + [f"train_stage{n}" for n in range(4)]
-                + ["export_viewer", "report_curves", "report_tables", "accounting"]
-                + ["wind_cache"])  # the models scan by wind (issue 13)
+                + ["export_viewer", "wind_cache"]  # the models scan by wind (issue 13)
+                + ["index_archive"] * 8)  # the synthetic raw data come as 8 archives (issue 14)
     assert ran == sorted(expected), ran
+    # The report rules are local rules (seconds of work): made, but never queued.
+    for made in ("results/report/accounting.tsv", "results/report/evaluation.html",
+                 "results/report/curves/stage3.png"):
+        assert (work / made).is_file(), made
     for job_id, rule in jobs.items():
         acct = sacct(job_id)
         key = "evaluate" if rule.startswith("evaluate") else rule
+        key = "prepare_roi" if rule == "index_archive" else key  # one archive pass: prepare's request
         want = SLURM_CONFIG["resources"][key]
         assert acct["state"] == "COMPLETED", (rule, acct)
         assert acct["partition"] == want["partition"], (rule, acct)
@@ -202,3 +208,74 @@ def test_lumi_profile_submits_through_slurm_into_the_image(slurm_cluster, tmp_pa
         acct = sacct(log.stem)
         assert acct["state"] == "COMPLETED" and acct["partition"] == "small"
         assert acct["account"] == TEST_ACCOUNT
+
+
+def _model_state(path: Path) -> dict:
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    return state["model"]
+
+
+def test_wall_time_warning_checkpoints_and_snakemake_resubmits_until_done(slurm_cluster, tmp_path):
+    """Stage 0 in one-minute jobs through `snakemake --profile lumi`: SLURM sends SIGUSR1
+    (--signal=USR1@S from cluster.signal_seconds) to the rule's own job step, the trainer
+    writes latest.pt and exits 3, snakemake resubmits the rule (its retries from the config),
+    the next job resumes, and the stage completes with the weights of an uninterrupted run."""
+    import torch
+
+    models = yaml.safe_load((REPO / "tests/workflow/tiny_models.yaml").read_text())
+    models["stage0"]["train"]["epochs"] = 90  # ~1 s each here: ~3 one-minute jobs
+    (tmp_path / "models.yaml").write_text(yaml.safe_dump(models))
+    overlay, cluster = write_overlay(
+        tmp_path,
+        synthetic={"enabled": True, "rois": ["ROIs1868/119", "ROIs2017/22", "ROIs1158/119"], "patches": 1},
+        model_config=str(tmp_path / "models.yaml"),
+    )
+    extra = yaml.safe_load(overlay.read_text())
+    extra["cluster"].update(signal_seconds=20, restart_minutes=0, spare_retries=2)
+    extra["resources"].update(
+        assemble_split={"runtime": 20, "mem_mb": 1000, "threads": 1, "partition": "small"},
+        # 1 min jobs, warned 20 s before the end: retries = ceil(90 x 1.5 s / 40 s) - 1 + 2 = 5.
+        train_stage0={"runtime": 1, "mem_mb_per_gpu": 1500, "threads": 1, "partition": "small-g",
+                      "gpus": 1, "cpus_per_gpu": 2, "epoch_minutes": 1.5 / 60},
+    )
+    overlay.write_text(yaml.safe_dump(extra))
+    env = stand_in_env(tmp_path)
+    env["PYTHONPATH"] = str(REPO / "src")
+    base = [*SNAKEMAKE, "--profile", "lumi", "-d", str(tmp_path), "--configfile", "config/lumi.yaml",
+            str(overlay), "--apptainer-args", cluster.apptainer_args(), *FAST]
+    stores = ["results/prepared/train.zarr", "results/prepared/val.zarr"]
+    data = subprocess.run([*base, "--executor", "local", "--cores", "2", "--", *stores],
+                          cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+    assert data.returncode == 0, (data.stdout + data.stderr)[-4000:]
+    proc = subprocess.run([*base, "--", "results/stage0/best.pt"], cwd=REPO, capture_output=True,
+                          text=True, env=env, timeout=1500)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    jobs = sorted((tmp_path / "logs" / "slurm" / "rule_train_stage0").rglob("*.log"), key=lambda p: int(p.stem))
+    states = [sacct(job.stem) for job in jobs]
+    assert len(jobs) >= 2, (states, out[-3000:])
+    assert states[-1]["state"] == "COMPLETED"
+    assert all(s["state"] in ("FAILED", "TIMEOUT") for s in states[:-1]), states
+    assert all(s["partition"] == "small-g" and minutes(s["timelimit"]) == 1 for s in states)
+    # The warning path: the trainer's step of an earlier job ended with exit 3 (latest.pt
+    # written on SIGUSR1), and no job reran the command inside its allocation (one step each).
+    steps = {job.stem: subprocess.run(["sacct", "-n", "-P", "-j", job.stem, "-o", "JobID,ExitCode"],
+                                      capture_output=True, text=True).stdout.split() for job in jobs}
+    assert any(f"{job.stem}.0|3:0" in steps[job.stem] for job in jobs[:-1]), steps
+    assert all(not any(line.startswith(f"{job.stem}.1|") for line in steps[job.stem]) for job in jobs), steps
+    rows = [json.loads(x) for x in (tmp_path / "results/stage0/metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == list(range(90))  # one row per epoch across the jobs
+    # The same training uninterrupted, on the host, with the job's thread count (snakemake
+    # exports OMP_NUM_THREADS = the rule's threads; another count changes float sums).
+    ref = tmp_path / "reference"
+    env["OMP_NUM_THREADS"] = str(extra["resources"]["train_stage0"]["threads"])
+    train = subprocess.run(["vcloud", "train", "--stage", "0", "--config", str(tmp_path / "models.yaml"),
+                            "--train", str(tmp_path / stores[0]), "--val", str(tmp_path / stores[1]),
+                            "--out", str(ref)], capture_output=True, text=True, env=env, timeout=600)
+    assert train.returncode == 0, train.stderr[-3000:]
+    got, want = _model_state(tmp_path / "results/stage0/best.pt"), _model_state(ref / "best.pt")
+    assert got.keys() == want.keys()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    print(f"wall-time resubmission: {len(jobs)} jobs: {[s['state'] for s in states]}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import shutil
 import subprocess
 from pathlib import Path
@@ -36,16 +37,116 @@ def good_args(config) -> tuple[str, str]:
     return cluster.apptainer_args(), cluster.precommand()
 
 
-def run(config, model_set, *, args=None, pre=None, inputs=ALL_INPUTS) -> Report:
+def run(config, model_set, *, args=None, pre=None, inputs=ALL_INPUTS, overrides=None) -> Report:
     good_a, good_p = good_args(config)
     return preflight(config, model_set, apptainer_args=good_a if args is None else args,
-                     precommand=good_p if pre is None else pre, train_inputs=inputs, memory=False)
+                     precommand=good_p if pre is None else pre, train_inputs=inputs, memory=False,
+                     overrides=overrides)
+
+
+def lumi_gpu_hours(entry: dict, *, partition_full: bool, gpus_per_node: int = 8) -> float:
+    """LUMI's billing (FIELD-FACTS.md, LUMI user guide billing.md), written out independently
+    of vcloud.runtime.lumi: GPU-hours of one job at its requested wall time."""
+    hours = entry["runtime"] / 60
+    nodes = entry.get("nodes", 1)
+    if partition_full:
+        return 4 * nodes * hours
+    gcds = entry["gpus"] * nodes
+    mem_mb = entry.get("mem_mb_per_gpu", 0) * entry["gpus"] * nodes or entry["mem_mb"] * nodes
+    cores = entry["gpus"] * entry.get("cpus_per_gpu", 7) * nodes
+    return 0.5 * max(math.ceil(cores / 8), math.ceil(mem_mb / (64 * 1024)), gcds) * hours
+
+
+def expected_total(config) -> float:
+    total = 0.0
+    for key, entry in config["resources"].items():
+        if not entry.get("gpus"):
+            continue
+        full = config["cluster"]["partitions"][entry["partition"]]["full_nodes"]
+        total += (4 if key == "evaluate" else 1) * lumi_gpu_hours(entry, partition_full=full)
+    return total
 
 
 def test_shipped_lumi_config_passes_once_account_is_set(base, model_set):
     report = run(base, model_set)
     assert report.errors == []
-    assert any("total 280.0 GPU-h" in line for line in report.lines)
+    total = expected_total(base)
+    assert any(f"total {total:.1f} GPU-h" in line for line in report.lines), report.lines
+    # The field facts' example: 1 GCD, 7 cores, 60 GB for 72 h -> 36 GPU-h (not the seeds' 72).
+    assert lumi_gpu_hours({"runtime": 4320, "gpus": 1, "mem_mb": 60 * 1024}, partition_full=False) == 36
+    assert any(line.lstrip().startswith("train_stage1") and "= " in line and
+               f"{lumi_gpu_hours(base['resources']['train_stage1'], partition_full=False):.1f} GPU-h" in line
+               for line in report.lines)
+
+
+@pytest.mark.parametrize("change", [
+    {"gpus": 1, "cpus_per_gpu": 16},  # the seeds' sbatch: cores decide (max(2, 1, 1))
+    {"gpus": 2, "mem_mb_per_gpu": 200000},  # memory decides
+    {"gpus": 8},  # GCDs decide; memory follows them
+    {"gpus": 4, "cpus_per_gpu": 7, "partition": "dev-g", "runtime": 180},
+])
+def test_billing_follows_lumis_formula(base, model_set, change):
+    config = copy.deepcopy(base)
+    config["resources"]["train_stage1"].update(change)
+    report = run(config, model_set)
+    assert not [e for e in report.errors if "train_stage1" in e], report.errors
+    want = lumi_gpu_hours(config["resources"]["train_stage1"], partition_full=False)
+    line = next(line for line in report.lines if line.lstrip().startswith("train_stage1 ") and "GPU-h/h" in line)
+    assert f"= {want:>9.1f} GPU-h" in line, line
+    assert any(f"total {expected_total(config):.1f} GPU-h" in x for x in report.lines)
+
+
+def test_cpu_rules_are_billed_in_core_hours(base, model_set):
+    report = run(base, model_set)
+    entry = base["resources"]["prepare_roi"]
+    want = max(entry["threads"], math.ceil(entry["mem_mb"] / 2048)) * entry["runtime"] / 60
+    line = next(line for line in report.lines if line.lstrip().startswith("prepare_roi "))
+    assert f"= {want:>9.1f} core-h" in line, line
+
+
+def test_memory_follows_the_gcds(base):
+    from vcloud.runtime.lumi import RuleResources
+
+    config = copy.deepcopy(base)
+    per_gpu = config["resources"]["train_stage1"]["mem_mb_per_gpu"]
+    for gpus in (1, 4, 8):
+        config["resources"]["train_stage1"]["gpus"] = gpus
+        assert RuleResources.from_config(config, "train_stage1").mem_mb == per_gpu * gpus
+    res = RuleResources.from_config(config, "train_stage1").with_overrides({"gpu": 16, "nodes": 2})
+    assert (res.gpus, res.nodes, res.mem_mb) == (8, 2, per_gpu * 8)  # --mem is per node
+    assert res.with_overrides({"mem_mb": 1000}).mem_mb == 1000  # an explicit override wins
+
+
+def test_set_resources_moves_the_doctor_and_bad_ones_are_refused(base, model_set):
+    over = {"train_stage1": {"gpu": 8}}
+    report = run(base, model_set, overrides=over)
+    config = copy.deepcopy(base)
+    config["resources"]["train_stage1"]["gpus"] = 8
+    assert any(f"total {expected_total(config):.1f} GPU-h" in line for line in report.lines)
+    report = run(base, model_set, overrides={"train_stage1": {"tasks_per_gpu": 1}})
+    assert report.errors == ["--set-resources train_stage1:tasks_per_gpu: vcloud sets the task geometry "
+                             "itself; change gpu, nodes or cpus_per_gpu (or resources.train_stage1) instead"]
+
+
+def test_retries_cover_the_epochs(base, model_set):
+    from vcloud.runtime.doctor import Report, check_resubmission
+
+    config = copy.deepcopy(base)
+    config["resources"]["train_stage1"].update(runtime=180, partition="dev-g")
+    cluster = Cluster.from_config(config)
+    report = Report()
+    check_resubmission(config, model_set, cluster, report)
+    epochs = model_set.stage1.train.epochs
+    minutes = config["resources"]["train_stage1"]["epoch_minutes"]
+    useful = 180 - cluster.signal_seconds / 60 - cluster.restart_minutes
+    want = math.ceil(epochs * minutes / useful) - 1 + cluster.spare_retries
+    line = next(x for x in report.lines if "train_stage1" in x)
+    assert line.endswith(f"{want} retries") and "(estimated)" in line
+    report = Report()  # a measured epoch time wins over the estimate
+    check_resubmission(config, model_set, cluster, report, epoch_minutes={"train_stage1": 1.0})
+    want = math.ceil(epochs * 1.0 / useful) - 1 + cluster.spare_retries
+    assert next(x for x in report.lines if "train_stage1" in x).endswith(f"{want} retries")
+    assert "SLURM requeues only on node failure or preemption" in report.lines[0]
 
 
 def test_rocm_is_refused(base, model_set):
@@ -80,6 +181,7 @@ def test_placeholder_account(base, model_set):
 
 
 @pytest.mark.parametrize("change,expected", [
+    ({"cpus_per_gpu": 1}, "resources.train_stage1.cpus_per_gpu: 1 x 1 = 1 core; a GPU rule needs 2"),
     ({"runtime": 4321}, "resources.train_stage1.runtime: 3-00:01:00 is above the small-g limit"),
     ({"partition": "standard-g", "gpus": 8, "runtime": 2881}, "resources.train_stage1.runtime: 2-00:01:00 is above the standard-g"),
     ({"partition": "small"}, "resources.train_stage1.gpus: small has no GPUs"),
@@ -103,16 +205,17 @@ def test_multinode_on_standard_g_passes(base, model_set):
     config["resources"]["train_stage1"].update(partition="standard-g", nodes=4, gpus=8, runtime=2880)
     report = run(config, model_set)
     assert report.errors == []
-    assert any("train_stage1" in line and "32 GCDs" in line and "1536.0 GPU-h" in line
-               for line in report.lines)
+    want = lumi_gpu_hours(config["resources"]["train_stage1"], partition_full=True)  # 4 x 4 x 48 h
+    assert any(line.lstrip().startswith("train_stage1") and f"{want:.1f} GPU-h" in line
+               and "4 x 4 nodes" in line for line in report.lines)
 
 
 def test_budget_exceeded(base, model_set):
     config = copy.deepcopy(base)
     config["cluster"]["gpu_hour_budget"] = 100
     report = run(config, model_set)
-    assert report.errors == ["cluster.gpu_hour_budget: the requested wall times need 280 GPU-h, "
-                             "more than the budget of 100"]
+    assert report.errors == [f"cluster.gpu_hour_budget: the requested wall times need "
+                             f"{expected_total(config):.0f} GPU-h, more than the budget of 100"]
 
 
 def test_distributed_wind_scan_without_cache_input(base, model_set):
@@ -146,6 +249,10 @@ def test_cli_exits_nonzero_with_one_line_per_problem(tmp_path):
                          capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 2
     errors = [line for line in out.stdout.splitlines() if line.startswith("error:")]
+    image = "/appl/local/csc/soft/ai/images/pytorch_2.5.1_lumi_rocm6.2.4_flash-attn-3.0.0.post1.sif"
+    env = "/projappl/project_465XXXXXX/vcloud/vcloud-env.sqsh"
     assert errors == ["error: cluster.account: 'project_465XXXXXX' is a placeholder; set your LUMI "
-                      "project (e.g. project_465000123) in config/lumi.yaml"]
+                      "project (e.g. project_465000123) in config/lumi.yaml",
+                      f"error: cluster.image: {image} not found; see the README quick start (`vcloud image`)",
+                      f"error: cluster.env_image: {env} not found; build it with `vcloud image`"]
     assert "stage-1 memory estimate" in out.stdout and "GPU-h budget" in out.stdout

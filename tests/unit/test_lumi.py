@@ -63,7 +63,10 @@ def test_gpu_rule_resources_on_lumi(lumi_config, cluster):
     assert out["slurm_partition"] == "small-g"
     assert out["slurm_account"] == "project_465000123"
     assert out["gpu"] == 1 and out["cpus_per_gpu"] == 7
-    assert "cpus_per_task" not in out and "mpi" not in out and "nodes" not in out
+    assert "cpus_per_task" not in out and "nodes" not in out
+    # GPU rules start their own job step (the warning must not reach snakemake's jobstep).
+    assert out["mpi"] == "srun" and out["slurm_extra"] == f"--signal=USR1@{cluster.signal_seconds}"
+    assert "tasks_per_gpu" not in out and "tasks" not in out
     cpu = slurm_resources(RuleResources.from_config(lumi_config, "prepare_roi"), cluster)
     assert cpu["slurm_partition"] == "small" and cpu["cpus_per_task"] == 4 and "gpu" not in cpu
 
@@ -75,12 +78,18 @@ def test_multinode_resources_ask_for_every_gcd(lumi_config, cluster):
     assert not uses_container(multinode(lumi_config), cluster)
 
 
-def test_one_node_several_gcds_uses_torchrun_standalone(lumi_config, cluster):
+def test_one_node_several_gcds_uses_torchrun_standalone_once(lumi_config, cluster):
     res = dataclasses.replace(RuleResources.from_config(lumi_config, "train_stage1"), gpus=8)
-    prefix = launch_prefix(res, cluster)
-    assert prefix == "torchrun --standalone --nnodes=1 --nproc-per-node=8 --no-python"
-    assert launch_prefix(dataclasses.replace(res, gpus=1), cluster) == ""
-    assert uses_container(res, cluster)
+    srun = launch_prefix(res, cluster).split("; ")[-1]
+    assert srun.startswith("srun --nodes=1 --ntasks-per-node=1 --gpus-per-node=8 --cpus-per-task=56 ")
+    assert srun.endswith(" python3 -m vcloud.runtime.launch --ignore-usr1 "
+                         "torchrun --standalone --nnodes=1 --nproc-per-node=8 --no-python")
+    one = launch_prefix(dataclasses.replace(res, gpus=1), cluster).split("; ")[-1]
+    assert one.startswith("srun --nodes=1 --ntasks-per-node=1 --gpus-per-node=1 --cpus-per-task=7 ")
+    assert one.endswith(cluster.image) and "torchrun" not in one
+    assert not uses_container(res, cluster)  # it runs singularity exec itself
+    # Without a cluster (laptop with GPUs): plain torchrun, no srun.
+    assert launch_prefix(res, None) == "torchrun --standalone --nnodes=1 --nproc-per-node=8 --no-python"
 
 
 def test_multinode_line_geometry_masks_binds_image(lumi_config, cluster):
@@ -95,7 +104,10 @@ def test_multinode_line_geometry_masks_binds_image(lumi_config, cluster):
         assert f"-B {path}" in srun
     assert "--rocm" not in line
     assert srun.endswith("singularity exec " + cluster.apptainer_args() + " " + cluster.image)
-    assert cluster.image == "/projappl/project_465000123/vcloud/vcloud.sif"
+    assert cluster.image.endswith("pytorch_2.5.1_lumi_rocm6.2.4_flash-attn-3.0.0.post1.sif")
+    # The squashfs environment of `vcloud image`, first on PATH inside the container.
+    assert "-B /projappl/project_465000123/vcloud/vcloud-env.sqsh:/user-software:image-src=/" in srun
+    assert "export SINGULARITYENV_PREPEND_PATH=/user-software/venv/bin" in line
     assert "SINGULARITY_CONTAINLIBS=/usr/lib64/libcxi.so.1,/opt/rocm/lib/librocm_smi64.so.7" in line
 
 
@@ -158,7 +170,7 @@ def test_stale_profile_check_fails(tmp_path):
 
 
 def test_pylibs_alternative_goes_on_pythonpath_and_path(cluster):
-    cl = dataclasses.replace(cluster, pylibs="/projappl/project_465000123/pylibs")
+    cl = dataclasses.replace(cluster, pylibs="/projappl/project_465000123/pylibs", env_image=None)
     env = cl.container_env()
     assert env["SINGULARITYENV_PYTHONPATH"] == "/projappl/project_465000123/pylibs"
     assert env["SINGULARITYENV_PREPEND_PATH"] == "/projappl/project_465000123/pylibs/bin"
@@ -225,3 +237,99 @@ def test_image_requirements_cover_the_package_dependencies():
     definition = (REPO / "containers" / "vcloud.def").read_text()
     assert "pytorch_2.5.1_lumi_rocm6.2.4_flash-attn-3.0.0.post1.sif" in definition
     assert "--no-deps" in definition and "--rocm" not in definition
+
+
+class _Res(dict):
+    """What the plugin reads from job.resources: attribute and .get access."""
+
+    __getattr__ = dict.__getitem__
+
+
+def sbatch_line(out: dict, threads: int) -> str:
+    """The installed SLURM plugin's own sbatch line for a rule with these resources."""
+    from types import SimpleNamespace
+
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    job = SimpleNamespace(resources=_Res(out), threads=threads)
+    params = {"run_uuid": "vcloud_x", "slurm_logfile": "log", "comment_str": "rule_x",
+              "account": f"-A {out['slurm_account']}", "partition": f"-p {out['slurm_partition']}",
+              "workdir": None}
+    return get_submit_command(job, params) + set_gres_string(job)  # as the plugin's run_job
+
+
+def test_sbatch_geometry_of_the_8_gcd_and_multinode_rules(lumi_config, cluster):
+    """FIELD-FACTS: the plugin before 2.7.1 added --ntasks-per-gpu=1 (torchrun once per GCD)."""
+    from vcloud.runtime.profile import PLUGIN_FLOOR, installed_version
+
+    assert installed_version("snakemake-executor-plugin-slurm") >= PLUGIN_FLOOR
+    one = RuleResources.from_config(lumi_config, "train_stage1").with_overrides({"gpu": 8})
+    line = sbatch_line(slurm_resources(one, cluster), one.threads)
+    assert "--ntasks-per-gpu" not in line and "--gpus=8" in line and "--cpus-per-gpu=7" in line
+    assert f"--mem {8 * one.mem_mb_per_gpu}" in line and "--signal=USR1@300" in line
+    step = launch_prefix(one, cluster).split("; ")[-1]
+    assert step.count("torchrun") == 1 and "--ntasks-per-node=1 " in step and "--nproc-per-node=8" in step
+    multi = multinode(lumi_config, nodes=4)
+    line = sbatch_line(slurm_resources(multi, cluster), multi.threads)
+    assert "--ntasks-per-gpu" not in line and "--nodes=4" in line and "--ntasks-per-node=8" in line
+    assert "--gpus=32" in line
+    step = launch_prefix(multi, cluster).split("; ")[-1]
+    assert "--nodes=4 --ntasks-per-node=8 --gpus-per-node=8" in step and "torchrun" not in step
+
+
+def test_set_resources_refuses_geometry_and_follows_gpu(lumi_config):
+    res = RuleResources.from_config(lumi_config, "train_stage1")
+    assert res.with_overrides({"gpu": "8"}).gpus == 8
+    for bad, match in (({"tasks": 8}, "train_stage1:tasks: vcloud sets the task geometry"),
+                       ({"gpu": 12, "nodes": 8}, "gpu=12: not a multiple of the 8 nodes"),
+                       ({"gpu": "many"}, "gpu='many': expected a whole number"),
+                       ({"mem": "60G"}, "train_stage1:mem: not followed")):
+        with pytest.raises(ConfigError, match=match):
+            res.with_overrides(bad)
+
+
+def test_launch_wrapper_ignores_usr1_across_exec(tmp_path):
+    """torchrun started through vcloud.runtime.launch survives SIGUSR1 (an ignored signal
+    stays ignored across exec); without it the same child dies of it."""
+    import signal
+
+    child = [sys.executable, "-c", "import os, signal, time; os.kill(os.getpid(), signal.SIGUSR1); "
+             "time.sleep(0.2); print('alive')"]
+    out = subprocess.run([sys.executable, "-m", "vcloud.runtime.launch", "--ignore-usr1", *child],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert out.returncode == 0 and out.stdout.strip() == "alive"
+    bare = subprocess.run(child, capture_output=True, text=True)
+    assert bare.returncode == -signal.SIGUSR1
+
+
+def test_epoch_time_is_measured_from_metrics_and_retries_cover_it():
+    from vcloud.runtime.lumi import measured_epoch_minutes, retries_needed
+
+    rows = [json.dumps({"epoch": e, "wall_time": 1000.0 + 600 * e, "epoch_s": 500.0}) for e in range(4)]
+    assert measured_epoch_minutes(rows + ['{"epoch": 4, "wall']) == 10.0  # torn last line ignored
+    assert measured_epoch_minutes(rows[:1]) == 500 / 60
+    assert measured_epoch_minutes([]) is None
+    assert retries_needed(epochs=100, epoch_minutes=27, runtime=4320, signal_seconds=300,
+                          restart_minutes=10, spare=2) == 2  # one job holds the stage
+    assert retries_needed(epochs=100, epoch_minutes=27, runtime=180, signal_seconds=300,
+                          restart_minutes=10, spare=2) == 17 - 1 + 2  # 2700 min / 165 min
+    with pytest.raises(ConfigError, match="no training time"):
+        retries_needed(epochs=1, epoch_minutes=1, runtime=10, signal_seconds=300, restart_minutes=10, spare=0)
+
+
+def test_evaluate_survives_the_wall_time_warning(tmp_path):
+    """SIGUSR1 during `vcloud evaluate` is noted, not fatal (it has no state to save)."""
+    code = ("import os, signal, sys\n"
+            "import vcloud.cli as cli\n"
+            "def fake(args):\n"
+            "    import signal as s\n"
+            "    os.kill(os.getpid(), s.SIGUSR1)\n"
+            "    print('still running')\n"
+            "import vcloud.train.evaluate as ev\n"
+            "ev.evaluate = lambda **kw: fake(None)\n"
+            "sys.exit(cli.main(['evaluate', '--stage', '0', '--store', 'x', '--out', 'y', '--config', 'z']))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert out.returncode == 0 and out.stdout.strip() == "still running", out.stderr
+    assert "SIGUSR1 (the wall time ends soon)" in out.stderr

@@ -113,3 +113,34 @@ def test_cli_accounting_rejects_resources_that_are_not_json(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert status == 2 and err.startswith("vcloud accounting: error: --resources: not a JSON object")
     assert len(err.splitlines()) == 1
+
+
+def test_accounting_bills_what_lumi_bills_for_each_jobs_resources(tmp_path):
+    """gpu_h follows the job's billing entry (computed from its actual resources by
+    vcloud.runtime.lumi.billing), not gpus x hours; CPU rules get billed core-hours."""
+    import math
+
+    from vcloud.runtime.lumi import Partition, RuleResources, billing
+
+    bench = tmp_path / "benchmarks"
+    _bench(bench / "train_stage1", "train_stage1", 7200)  # 2 h
+    _bench(bench / "prepare_roi", "x", 3600)
+    small_g = Partition("small-g", 4320, 1, 8, False)
+    small = Partition("small", 4320, 4, 0, False)
+    train = RuleResources("train_stage1", 4320, 4 * 60000, 7, "small-g", 4, 1, 7)
+    prep = RuleResources("prepare_roi", 240, 16000, 4, "small", 0, 1, 7)
+    resources = {}
+    for res, part in ((train, small_g), (prep, small)):
+        bill = billing(res, part)
+        resources[res.rule] = {"threads": res.threads, "gpus": res.gpus, "nodes": 1,
+                               "billing": {"unit": bill.unit, "per_hour": bill.per_hour}}
+    costs = {c.rule: c for c in accounting(bench, resources, tsv=tmp_path / "a.tsv", page=tmp_path / "a.html")}
+    # LUMI: 0.5 x max(ceil(28 / 8), ceil(240000 / 65536), 4 GCDs) = 2 GPU-h per hour, for 2 h.
+    assert costs["train_stage1"].gpu_h == 0.5 * max(math.ceil(28 / 8), math.ceil(240000 / 65536), 4) * 2
+    assert costs["prepare_roi"].billed_core_h == max(4, math.ceil(16000 / 2048)) * 1 and costs["prepare_roi"].gpu_h == 0
+    rows = list(csv.DictReader(open(tmp_path / "a.tsv"), delimiter="\t"))
+    assert rows[-1]["gpu_h"] == f"{costs['train_stage1'].gpu_h:.4f}"
+    assert "billing.md" in (tmp_path / "a.html").read_text()
+    resources["train_stage1"]["billing"] = {"unit": "euros", "per_hour": 1}
+    with pytest.raises(BadInputError, match="train_stage1: billing must be"):
+        accounting(bench, resources, tsv=tmp_path / "b.tsv", page=tmp_path / "b.html")

@@ -89,3 +89,30 @@ def test_bind_missing_from_the_command_line_stops_the_run(tmp_path):
     assert "vcloud doctor: apptainer-args: --rocm" in out
     assert f"vcloud doctor: apptainer-args: bind /flash/{TEST_ACCOUNT} missing" in out
     assert exec_calls(tmp_path) == []
+
+
+def test_set_resources_gpu_changes_the_launch_line(tmp_path):
+    """`--set-resources train_stage1:gpu=8`: the job asks for 8 GCDs with 8 x the memory per
+    GCD, and its launch line starts torchrun once with 8 processes (dry run, as typed)."""
+    make_raw_folders(tmp_path)
+    env = stand_in_env(tmp_path)
+    proc = snakemake(["-n", "--config", f"data={{raw_dir: {tmp_path / 'raw'}}}", "--set-resources",
+                      "train_stage1:gpu=8"], tmp_path, env)
+    out = proc.stdout + proc.stderr
+    block = out[out.index("rule train_stage1:"):]
+    block = block[:block.index("\n\n")]
+    resources = next(line for line in block.splitlines() if "resources:" in line)
+    assert "gpu=8" in resources and "mem_mb=480000" in resources and "tasks_per_node=2" in resources
+    assert "--nproc-per-node=8" in out and "--gpus-per-node=8 --cpus-per-task=56" in out
+    assert out.count("--nproc-per-node=") == 1  # the other stages keep one GCD each
+    assert "--signal=USR1@300" in resources
+
+
+def test_set_resources_that_change_the_task_geometry_are_refused(tmp_path):
+    make_raw_folders(tmp_path)
+    env = stand_in_env(tmp_path)
+    proc = snakemake(["-n", "--config", f"data={{raw_dir: {tmp_path / 'raw'}}}", "--set-resources",
+                      "train_stage1:tasks_per_gpu=1"], tmp_path, env, check=False)
+    assert proc.returncode != 0
+    assert ("--set-resources train_stage1:tasks_per_gpu: vcloud sets the task geometry itself"
+            in proc.stdout + proc.stderr)

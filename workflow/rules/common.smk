@@ -1,10 +1,12 @@
 # Input functions and path helpers shared by every rules file (get_* / is_*).
 import shlex
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
 from vcloud.config import config_hash, load_model_config, stage_config_dict
+from vcloud.errors import ConfigError
 from vcloud.data.archive import (
     archive_for,
     check_data_config,
@@ -17,7 +19,9 @@ from vcloud.data.splits import assign_splits
 from vcloud.runtime.lumi import (
     Cluster,
     RuleResources,
+    billing,
     launch_prefix,
+    retries_needed,
     slurm_resources,
     uses_container,
 )
@@ -275,8 +279,24 @@ def get_metrics_logs(checkpoints):
 
 
 def get_resources_json():
-    """The resources section as one JSON string, for `vcloud accounting --resources`."""
-    return json.dumps(config["resources"], sort_keys=True)
+    """Each rule's resources as its jobs get them (--set-resources applied) and what LUMI
+    bills for them per hour, as one JSON string for `vcloud accounting --resources`."""
+    out = {}
+    for rule_name in get_resource_rules():
+        res = get_rule_resources(rule_name)
+        entry = {
+            "threads": res.threads,
+            "gpus": res.gpus,
+            "nodes": res.nodes,
+            "mem_mb": res.mem_mb,
+            "partition": res.partition,
+        }
+        part = CLUSTER.partitions.get(res.partition) if CLUSTER else None
+        if part is not None:
+            bill = billing(res, part)
+            entry["billing"] = {"unit": bill.unit, "per_hour": bill.per_hour}
+        out[rule_name] = entry
+    return json.dumps(out, sort_keys=True)
 
 
 def get_accounting_input():
@@ -304,25 +324,104 @@ def get_resources(rule_name):
     return config["resources"][rule_name]
 
 
+def get_resource_key(rule_name):
+    """The config entry of a rule: its name, or its family (evaluate_stage2 -> evaluate)."""
+    if rule_name in config["resources"]:
+        return rule_name
+    return re.sub(r"_stage\d+$", "", rule_name)
+
+
+def get_resource_rules():
+    """Every rule with a resources entry (the evaluate entry serves four rules)."""
+    names = []
+    for key in config["resources"]:
+        names += [f"{key}_stage{n}" for n in range(4)] if key == "evaluate" else [key]
+    return names
+
+
+def get_resource_overrides(rule_name):
+    """`--set-resources RULE:NAME=VALUE` of this rule (jobs receive the same arguments)."""
+    found = workflow.resource_settings.overwrite_resources.get(rule_name) or {}
+    return {name: getattr(value, "raw", value) for name, value in dict(found).items()}
+
+
+def get_thread_override(rule_name):
+    found = workflow.resource_settings.overwrite_threads.get(rule_name)
+    return None if found is None else int(getattr(found, "raw", found))
+
+
 def get_rule_resources(rule_name):
-    return RuleResources.from_config(config, rule_name)
+    """The rule's resources entry after --set-resources/--set-threads: the launch line, the
+    doctor and the accounting all follow what the job is actually given."""
+    res = RuleResources.from_config(config, get_resource_key(rule_name), rule=rule_name)
+    try:
+        return res.with_overrides(
+            get_resource_overrides(rule_name), threads=get_thread_override(rule_name)
+        )
+    except ConfigError as err:
+        raise WorkflowError(str(err)) from None
+
+
+def get_threads(rule_name):
+    return get_rule_resources(rule_name).threads
 
 
 def get_slurm_resources(rule_name):
-    """runtime and mem_mb; on a cluster also partition, account, GPUs, CPUs, nodes."""
+    """runtime and mem_mb; on a cluster also partition, account, GPUs, CPUs, nodes, and for
+    GPU rules the wall-time warning (slurm_extra) and their own job step (mpi)."""
     return slurm_resources(get_rule_resources(rule_name), CLUSTER)
 
 
 def get_container(rule_name):
-    """The cluster's image, except for multi-node rules (they srun into it themselves)."""
+    """The cluster's image, except for self-launched rules (they srun into it themselves)."""
     if uses_container(get_rule_resources(rule_name), CLUSTER):
         return CLUSTER.image
     return None
 
 
 def get_launch_prefix(rule_name):
-    """torchrun for several GCDs on one node, srun + singularity exec for several nodes."""
+    """srun + singularity exec on a cluster (+ torchrun for several GCDs on one node)."""
     return launch_prefix(get_rule_resources(rule_name), CLUSTER)
+
+
+def get_epoch_minutes():
+    """Measured minutes per epoch of the stages that logged epochs already."""
+    from vcloud.runtime.doctor import measured_epoch_minutes
+
+    return measured_epoch_minutes(config)
+
+
+EPOCH_MINUTES = get_epoch_minutes() if CLUSTER is not None else {}
+
+
+def get_retries(rule_name):
+    """On a cluster, resubmissions of a GPU job: enough jobs for the stage's epochs at the
+    measured (else configured) epoch time, plus cluster.spare_retries. None elsewhere (the
+    global --retries applies)."""
+    if CLUSTER is None:
+        return None
+    if not workflow.is_main_process:
+        # Inside the SLURM job: a rule's own retries would rerun the command in the same
+        # allocation after the warning (measured: a second step, killed at the time limit).
+        # Snakemake >= 9.14.1 does this for --retries; the rule directive needs it here.
+        return 0
+    res = get_rule_resources(rule_name)
+    stage = re.fullmatch(r"train_stage(\d)", rule_name)
+    minutes = EPOCH_MINUTES.get(rule_name) or res.epoch_minutes
+    if stage is None or minutes is None:
+        return CLUSTER.spare_retries
+    epochs = getattr(MODEL_SET, f"stage{stage.group(1)}").train.epochs
+    try:
+        return retries_needed(
+            epochs=epochs,
+            epoch_minutes=minutes,
+            runtime=res.runtime,
+            signal_seconds=CLUSTER.signal_seconds,
+            restart_minutes=CLUSTER.restart_minutes,
+            spare=CLUSTER.spare_retries,
+        )
+    except ConfigError as err:
+        raise WorkflowError(f"resources.{get_resource_key(rule_name)}: {err}") from None
 
 
 def get_runtime_env_flags():
@@ -354,6 +453,8 @@ def get_cluster_report():
         precommand=get_precommand(),
         train_inputs=inputs,
         memory=False,
+        overrides={name: get_resource_overrides(name) for name in get_resource_rules()},
+        epoch_minutes=EPOCH_MINUTES,
     )
     methods = {str(m).lower() for m in settings.deployment_method}
     if not any("apptainer" in m for m in methods):

@@ -14,16 +14,20 @@ for stage in range(4):
             f"logs/evaluate_stage{stage}/evaluate_stage{stage}.log",
         benchmark:
             f"benchmarks/evaluate_stage{stage}/evaluate_stage{stage}.tsv"
+        retries: get_retries(f"evaluate_stage{stage}")
         conda:
             "../../envs/vcloud.yaml"
         container:
-            get_container("evaluate")
-        threads: get_resources("evaluate")["threads"]
+            get_container(f"evaluate_stage{stage}")
+        threads: get_threads(f"evaluate_stage{stage}")
         resources:
-            **get_slurm_resources("evaluate"),
+            **get_slurm_resources(f"evaluate_stage{stage}"),
         params:
             # Functions of resources: how a job is launched is not a rerun trigger (params are).
             env=lambda wildcards, resources: get_runtime_env_flags(),
+            launch=lambda wildcards, resources, stage=stage: get_launch_prefix(
+                f"evaluate_stage{stage}"
+            ),
             stage=stage,
             config=get_model_config(),
             results=lambda wildcards, output: str(Path(output.report).parent.parent),
@@ -33,7 +37,7 @@ for stage in range(4):
                 else ""
             ),
         shell:
-            "vcloud evaluate --stage {params.stage} --store {input.store} --out {output.report}"
+            "{params.launch} vcloud evaluate --stage {params.stage} --store {input.store} --out {output.report}"
             " --results {params.results} --config {params.config} {params.wind}"
             " {params.env} > {log} 2>&1"
 
@@ -58,7 +62,7 @@ rule export_viewer:
         "../../envs/vcloud.yaml"
     container:
         get_container("export_viewer")
-    threads: get_resources("export_viewer")["threads"]
+    threads: get_threads("export_viewer")
     resources:
         **get_slurm_resources("export_viewer"),
     params:
@@ -77,6 +81,13 @@ rule export_viewer:
 
 
 # Run report (`snakemake --report report.html`): training curves, evaluation tables, accounting.
+# Seconds of work each: on a cluster they run where snakemake runs, not as queued jobs.
+localrules:
+    report_curves,
+    report_tables,
+    accounting,
+
+
 rule report_curves:
     input:
         checkpoints=[get_checkpoint(stage) for stage in range(4)],
@@ -98,7 +109,7 @@ rule report_curves:
         "../../envs/vcloud.yaml"
     container:
         get_container("report_curves")
-    threads: get_resources("report_curves")["threads"]
+    threads: get_threads("report_curves")
     resources:
         **get_slurm_resources("report_curves"),
     params:
@@ -125,7 +136,7 @@ rule report_tables:
         "../../envs/vcloud.yaml"
     container:
         get_container("report_tables")
-    threads: get_resources("report_tables")["threads"]
+    threads: get_threads("report_tables")
     resources:
         **get_slurm_resources("report_tables"),
     shell:
@@ -150,7 +161,7 @@ rule accounting:
         "../../envs/vcloud.yaml"
     container:
         get_container("accounting")
-    threads: get_resources("accounting")["threads"]
+    threads: get_threads("accounting")
     resources:
         **get_slurm_resources("accounting"),
     params:

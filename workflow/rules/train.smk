@@ -15,11 +15,14 @@ for stage in range(4):
             f"logs/train_stage{stage}/train_stage{stage}.log",
         benchmark:
             f"benchmarks/train_stage{stage}/train_stage{stage}.tsv"
+        # Each job trains until its wall time warns it (SIGUSR1, exit 3); snakemake
+        # resubmits it, and the trainer resumes from latest.pt (see get_retries).
+        retries: get_retries(f"train_stage{stage}")
         conda:
             "../../envs/vcloud.yaml"
         container:
             get_container(f"train_stage{stage}")
-        threads: get_resources(f"train_stage{stage}")["threads"]
+        threads: get_threads(f"train_stage{stage}")
         resources:
             **get_slurm_resources(f"train_stage{stage}"),
         params:

@@ -154,6 +154,10 @@ class RuleCost:
     threads: int
     gpus: int  # per job: gpus per node x nodes
     assumed: bool = False  # no resources entry: counted with DEFAULT_RESOURCES
+    # What the cluster bills per wall hour of one job (entry "billing" of the resources JSON,
+    # computed by vcloud.runtime.lumi.billing from the job's actual resources); None locally.
+    billed_unit: str | None = None  # "GPU-h" or "core-h"
+    billed_per_h: float | None = None
 
     @property
     def wall_h(self) -> float:
@@ -165,7 +169,16 @@ class RuleCost:
 
     @property
     def gpu_h(self) -> float:
-        return self.gpus * self.wall_h
+        """Billed GPU hours on a cluster (LUMI: 0.5 per GCD-hour on small-g); without billing
+        information, GCD-hours (gpus x wall hours)."""
+        if self.billed_unit is None:
+            return self.gpus * self.wall_h
+        return self.billed_per_h * self.wall_h if self.billed_unit == "GPU-h" else 0.0
+
+    @property
+    def billed_core_h(self) -> float:
+        """Billed CPU core-hours of a CPU partition (LUMI small: max(cores, memory / 2 GB))."""
+        return self.billed_per_h * self.wall_h if self.billed_unit == "core-h" else 0.0
 
 
 DEFAULT_RESOURCES = {"threads": 1, "gpus": 0, "nodes": 1}  # a rule without an entry (snakemake's default)
@@ -212,28 +225,32 @@ def collect_costs(benchmarks: Path, resources: dict) -> list[RuleCost]:
         times = [read_benchmark(f) for f in files]
         found = resources_of(folder.name, resources)
         res = DEFAULT_RESOURCES if found is None else found
+        bill = res.get("billing") or {}
+        if bill and (bill.get("unit") not in ("GPU-h", "core-h") or not isinstance(bill.get("per_hour"), (int, float))):
+            raise BadInputError(f"--resources: {folder.name}: billing must be {{unit: GPU-h|core-h, per_hour: number}}")
         costs.append(RuleCost(
             rule=folder.name, stage=stage_of(folder.name), jobs=len(files),
             wall_s=sum(t[0] for t in times), cpu_time_s=sum(t[1] for t in times),
             threads=int(res["threads"]), gpus=int(res.get("gpus", 0)) * int(res.get("nodes", 1)),
-            assumed=found is None,
+            assumed=found is None, billed_unit=bill.get("unit"), billed_per_h=bill.get("per_hour"),
         ))  # fmt: skip
     return costs
 
 
-COLUMNS = ["rule", "stage", "jobs", "threads", "gpus", "wall_s", "wall_h", "cpu_h", "cpu_time_h", "gpu_h"]
+COLUMNS = ["rule", "stage", "jobs", "threads", "gpus", "wall_s", "wall_h", "cpu_h", "cpu_time_h", "gpu_h",
+           "billed_core_h"]  # fmt: skip
 
 
 def _row(c: RuleCost) -> list[str]:
     return [c.rule, c.stage, str(c.jobs), str(c.threads), str(c.gpus), f"{c.wall_s:.2f}", f"{c.wall_h:.4f}",
-            f"{c.cpu_h:.4f}", f"{c.cpu_time_s / 3600:.4f}", f"{c.gpu_h:.4f}"]  # fmt: skip
+            f"{c.cpu_h:.4f}", f"{c.cpu_time_s / 3600:.4f}", f"{c.gpu_h:.4f}", f"{c.billed_core_h:.4f}"]  # fmt: skip
 
 
 def _totals(name: str, stage: str, costs: list[RuleCost]) -> list[str]:
     wall = sum(c.wall_s for c in costs)
     return [name, stage, str(sum(c.jobs for c in costs)), "", "", f"{wall:.2f}", f"{wall / 3600:.4f}",
             f"{sum(c.cpu_h for c in costs):.4f}", f"{sum(c.cpu_time_s for c in costs) / 3600:.4f}",
-            f"{sum(c.gpu_h for c in costs):.4f}"]  # fmt: skip
+            f"{sum(c.gpu_h for c in costs):.4f}", f"{sum(c.billed_core_h for c in costs):.4f}"]  # fmt: skip
 
 
 def accounting(benchmarks: Path, resources: dict, *, tsv: Path, page: Path) -> list[RuleCost]:
@@ -258,9 +275,12 @@ def accounting(benchmarks: Path, resources: dict, *, tsv: Path, page: Path) -> l
     )  # fmt: skip
     body = (
         "<p>Wall time of every job from benchmarks/&lt;rule&gt;/*.tsv (column s, summed over a rule's jobs). "
-        "cpu_h = threads x wall hours; cpu_time_h = CPU time measured by snakemake; gpu_h = gpus x nodes of "
-        "the rule's resources entry x wall hours (0 where a rule has no GPU, as on the default CPU "
-        "configuration). Jobs that ran after this table (the accounting itself) are not in it.</p>"
+        "cpu_h = threads x wall hours; cpu_time_h = CPU time measured by snakemake. On a cluster, gpu_h and "
+        "billed_core_h are what LUMI bills for each job's actual resources (LUMI user guide, "
+        "docs/runjobs/lumi_env/billing.md: small-g/dev-g 0.5 x max(ceil(cores/8), ceil(memory/64 GB), GCDs) "
+        "GPU-h per hour, standard-g 4 per node-hour, small max(cores, ceil(memory/2 GB)) core-h per hour); "
+        "without a cluster section gpu_h = gpus x nodes x wall hours (0 on the default CPU configuration). "
+        "Jobs that ran after this table (the accounting itself) are not in it.</p>"
         + note + "<h2>per stage</h2>" + _table(COLUMNS, [*stage_rows, total], left=2)
         + "<h2>per rule</h2>" + _table(COLUMNS, rows, left=2)
     )  # fmt: skip

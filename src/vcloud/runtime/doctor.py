@@ -18,7 +18,13 @@ from pathlib import Path
 import yaml
 
 from vcloud.errors import ConfigError
-from vcloud.runtime.lumi import Cluster, RuleResources
+from vcloud.runtime.lumi import (
+    BILLING_SOURCE,
+    Cluster,
+    RuleResources,
+    billing,
+    retries_needed,
+)
 
 TRAIN_RULES = tuple(f"train_stage{n}" for n in range(4))
 
@@ -86,9 +92,17 @@ def _containlibs(precommand: str) -> set[str]:
 # --- resources ----------------------------------------------------------------------------
 
 
-def check_resources(config: dict, cluster: Cluster, report: Report) -> None:
+def rule_resources(config: dict, key: str, overrides: dict | None = None) -> RuleResources:
+    """A config entry's resources after `--set-resources` of its rule (`evaluate`: of
+    evaluate_stage0, since the four rules share the entry)."""
+    rule = f"{key}_stage0" if key in _RULES_PER_ENTRY else key
+    res = RuleResources.from_config(config, key)
+    return res.with_overrides((overrides or {}).get(rule))
+
+
+def check_resources(config: dict, cluster: Cluster, report: Report, overrides: dict | None = None) -> None:
     for key in config["resources"]:
-        res = RuleResources.from_config(config, key)
+        res = rule_resources(config, key, overrides)
         where = f"resources.{key}"
         part = cluster.partitions.get(res.partition)
         if part is None:
@@ -112,6 +126,10 @@ def check_resources(config: dict, cluster: Cluster, report: Report) -> None:
         elif part.full_nodes and res.gpus != part.gpus_per_node:
             report.errors.append(f"{where}.gpus: {part.name} allocates and bills whole nodes; ask "
                                  f"for all {part.gpus_per_node} GCDs or use small-g")
+        if res.gpus and res.gpus * res.cpus_per_gpu < 2:
+            report.errors.append(f"{where}.cpus_per_gpu: {res.gpus} x {res.cpus_per_gpu} = 1 core; a GPU "
+                                 "rule needs 2 (it runs its own job step, and the SLURM plugin "
+                                 "asks for 2 tasks per node: SLURM refuses more tasks than cores)")
         if res.gpus and res.gpus * res.cpus_per_gpu > 56:
             report.errors.append(f"{where}.cpus_per_gpu: {res.cpus_per_gpu} x {res.gpus} GCDs is "
                                  "more than the 56 cores a LUMI-G node gives (7 per GCD)")
@@ -126,32 +144,69 @@ def _hours(minutes: int) -> str:
 _RULES_PER_ENTRY = {"evaluate": 4}
 
 
-def gpu_hours(config: dict, cluster: Cluster, report: Report) -> None:
-    """GCDs x requested hours per GPU rule (an upper bound: jobs stop when done)."""
-    report.lines.append("GPU hours at the requested wall times (8 GCDs x 1 h = 8 GPU-h):")
-    total = 0.0
+def billed_hours(config: dict, cluster: Cluster, report: Report, overrides: dict | None = None) -> None:
+    """What LUMI bills for each rule at its requested wall time (an upper bound: jobs stop
+    when done, and a training rule's resubmissions add their restarts)."""
+    report.lines.append(f"Billed at the requested wall times ({BILLING_SOURCE}; GPU-h: 0.5 per "
+                        "GCD-hour on small-g/dev-g, 4 per node-hour on standard-g):")
+    totals = {"GPU-h": 0.0, "core-h": 0.0}
     for key in config["resources"]:
-        res = RuleResources.from_config(config, key)
-        if not res.gpus:
-            continue
+        res = rule_resources(config, key, overrides)
+        part = cluster.partitions.get(res.partition)
+        if part is None:
+            continue  # named by check_resources
+        bill = billing(res, part)
         times = _RULES_PER_ENTRY.get(key, 1)
-        hours = times * res.gpu_hours()
-        total += hours
+        hours = times * bill.hours(res.runtime / 60)
+        totals[bill.unit] += hours
         label = f"{key} x{times}" if times > 1 else key
-        report.lines.append(f"  {label:<16} {res.gpus * res.nodes:>4} GCDs x "
-                            f"{res.runtime / 60:>6.1f} h = {hours:>9.1f} GPU-h")
+        report.lines.append(f"  {label:<16} {bill.per_hour:>6g} {bill.unit}/h x {res.runtime / 60:>6.1f} h "
+                            f"= {hours:>9.1f} {bill.unit}  ({bill.formula})")
+    total = totals["GPU-h"]
     share = 100 * total / cluster.gpu_hour_budget if cluster.gpu_hour_budget else float("inf")
     report.lines.append(f"  total {total:.1f} GPU-h of the {cluster.gpu_hour_budget:.0f} GPU-h "
-                        f"budget ({share:.1f} %)")
+                        f"budget ({share:.1f} %), and {totals['core-h']:.1f} CPU core-h")
     if total > cluster.gpu_hour_budget:
         report.errors.append(f"cluster.gpu_hour_budget: the requested wall times need {total:.0f} "
                              f"GPU-h, more than the budget of {cluster.gpu_hour_budget:.0f}")
 
 
+def check_resubmission(config: dict, model_set, cluster: Cluster, report: Report,
+                       overrides: dict | None = None, epoch_minutes: dict | None = None) -> None:
+    """How snakemake carries each training stage past its wall time, and the warning."""
+    report.lines.append(
+        f"Wall time: SIGUSR1 {cluster.signal_seconds} s before each GPU job's limit; the trainer "
+        "writes latest.pt and exits 3. SLURM requeues only on node failure or preemption; a "
+        "timeout or exit 3 is resubmitted by snakemake, up to each rule's retries:")
+    for stage in range(4):
+        rule = f"train_stage{stage}"
+        if rule not in config["resources"]:
+            continue
+        res = rule_resources(config, rule, overrides)
+        if cluster.signal_seconds * 2 > res.runtime * 60:
+            report.errors.append(f"cluster.signal_seconds: {cluster.signal_seconds} s is more than "
+                                 f"half of {rule}'s {res.runtime} min wall time")
+            continue
+        epochs = getattr(model_set, f"stage{stage}").train.epochs
+        measured = (epoch_minutes or {}).get(rule)
+        minutes = measured or res.epoch_minutes
+        if minutes is None:
+            report.warnings.append(f"resources.{rule}.epoch_minutes: not set and not measured yet; "
+                                   f"{cluster.spare_retries} retries only")
+            continue
+        retries = retries_needed(epochs=epochs, epoch_minutes=minutes, runtime=res.runtime,
+                                 signal_seconds=cluster.signal_seconds,
+                                 restart_minutes=cluster.restart_minutes, spare=cluster.spare_retries)
+        source = "measured" if measured else "estimated"
+        report.lines.append(f"  {rule:<16} {epochs} epochs x {minutes:.1f} min ({source}) in "
+                            f"{res.runtime} min jobs: {retries} retries")
+
+
 # --- training -----------------------------------------------------------------------------
 
 
-def check_wind(config: dict, model_set, train_inputs: dict[str, set[str]], report: Report) -> None:
+def check_wind(config: dict, model_set, train_inputs: dict[str, set[str]], report: Report,
+               overrides: dict | None = None) -> None:
     """A distributed stage that scans by wind must read the cache file: computing the orders
     in the first forward pass deadlocked DDP from 16 to 400 GPUs on LUMI."""
     model = model_set.stage1.model
@@ -163,7 +218,7 @@ def check_wind(config: dict, model_set, train_inputs: dict[str, set[str]], repor
                                "era5_wind) or stage1.model.wind_scan: false")
     for stage in (1, 2, 3):
         rule = f"train_stage{stage}"
-        res = RuleResources.from_config(config, rule)
+        res = rule_resources(config, rule, overrides)
         if res.world_size <= 1:
             continue
         if "wind_cache" not in train_inputs.get(rule, set()):
@@ -192,12 +247,31 @@ def check_memory(model_set, cluster: Cluster, report: Report, *, estimate=None) 
                              "optimisations or lower the batch size in the model config")
 
 
+def measured_epoch_minutes(config: dict) -> dict[str, float]:
+    """Minutes per epoch of each training stage that has logged epochs (metrics.jsonl under
+    paths.results, relative to the working directory)."""
+    from vcloud.runtime.lumi import measured_epoch_minutes as from_lines
+
+    found = {}
+    for stage in range(4):
+        path = Path(config["paths"]["results"]) / f"stage{stage}" / "metrics.jsonl"
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            continue
+        if (minutes := from_lines(lines)) is not None:
+            found[f"train_stage{stage}"] = minutes
+    return found
+
+
 # --- entry points -------------------------------------------------------------------------
 
 
 def preflight(config: dict, model_set, *, apptainer_args: str | None, precommand: str | None,
-              train_inputs: dict[str, set[str]], memory: bool) -> Report:
-    """Every check; the Snakefile calls this with the workflow's own settings."""
+              train_inputs: dict[str, set[str]], memory: bool, overrides: dict | None = None,
+              epoch_minutes: dict | None = None) -> Report:
+    """Every check; the Snakefile calls this with the workflow's own settings (overrides:
+    `--set-resources` per rule, epoch_minutes: measured per training rule)."""
     cluster = Cluster.from_config(config)
     report = Report()
     if cluster is None:
@@ -206,11 +280,16 @@ def preflight(config: dict, model_set, *, apptainer_args: str | None, precommand
     if problem := cluster.account_problem():
         report.errors.append(problem)
     check_container(cluster, apptainer_args, precommand, report)
-    check_resources(config, cluster, report)
-    check_wind(config, model_set, train_inputs, report)
+    try:
+        check_resources(config, cluster, report, overrides)
+    except ConfigError as err:  # a refused --set-resources
+        report.errors.append(str(err))
+        return report
+    check_wind(config, model_set, train_inputs, report, overrides)
     if memory:
         check_memory(model_set, cluster, report)
-    gpu_hours(config, cluster, report)
+    check_resubmission(config, model_set, cluster, report, overrides, epoch_minutes)
+    billed_hours(config, cluster, report, overrides)
     from vcloud.runtime.budget import check_budget  # data budget against cluster.quotas
 
     check_budget(config, model_set if memory else None, report)
@@ -220,7 +299,13 @@ def preflight(config: dict, model_set, *, apptainer_args: str | None, precommand
 def run(profile: Path, config_file: Path | None) -> Report:
     """`vcloud doctor [--profile DIR] [--config FILE]`."""
     from vcloud.config import load_model_config
-    from vcloud.runtime.profile import load_workflow_config, render, repo_paths
+    from vcloud.runtime.profile import (
+        load_workflow_config,
+        render,
+        repo_paths,
+        supports_array_jobs,
+        version_problems,
+    )
 
     settings = _read_profile(profile)
     files = [Path(f) for f in settings.get("configfiles", [])]
@@ -236,14 +321,36 @@ def run(profile: Path, config_file: Path | None) -> Report:
     wind = model_set.stage1.model.wind_scan
     inputs = {f"train_stage{n}": ({"wind_cache"} if n >= 1 and wind else set()) for n in range(4)}
     report = preflight(config, model_set, apptainer_args=settings.get("apptainer-args"),
-                       precommand=settings.get("precommand"), train_inputs=inputs, memory=True)
+                       precommand=settings.get("precommand"), train_inputs=inputs, memory=True,
+                       overrides=_profile_overrides(settings),
+                       epoch_minutes=measured_epoch_minutes(config))
     cluster = Cluster.from_config(config)
     if cluster is not None:
         text = (Path(profile) / "config.yaml").read_text()
-        if text != render(cluster, source=_profile_source(settings, files)):
+        if text != render(cluster, source=_profile_source(settings, files),
+                          array_jobs=supports_array_jobs()):
             report.errors.append(f"{profile}/config.yaml: stale, not generated from "
                                  f"{files[-1]}; run `vcloud lumi-profile`")
+    report.errors += version_problems()
+    if cluster is not None:
+        from vcloud.runtime.image import check as check_image
+
+        report.errors += check_image(image=cluster.image, env_image=cluster.env_image,
+                                     repo=repo_paths(files[0])[0].parent.parent)
     return report
+
+
+def _profile_overrides(settings: dict) -> dict:
+    """The profile's own set-resources (rule -> {name: value}), as snakemake would apply them."""
+    found = settings.get("set-resources") or {}
+    if isinstance(found, list):  # ["rule:name=value", ...]
+        out: dict = {}
+        for item in found:
+            rule, _, pair = str(item).partition(":")
+            name, _, value = pair.partition("=")
+            out.setdefault(rule, {})[name] = value
+        return out
+    return found if isinstance(found, dict) else {}
 
 
 def _profile_source(settings: dict, files: list[Path]) -> str:

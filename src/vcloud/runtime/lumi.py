@@ -7,22 +7,30 @@ section of config/lumi.yaml, and everything else (the generated profile, the rul
 resources, the multi-node srun line, `vcloud doctor`) is derived from it.
 
 Launch paths, chosen by a rule's resources (`gpus` per node, `nodes`):
-- one process (gpus <= 1, one node): the rule's command as is; the SLURM jobstep runs it in
-  `srun -n1 --gpus=N` and snakemake wraps it in `apptainer exec <binds> <image>`.
-- one node, several GCDs: `torchrun --standalone --nproc-per-node=G --no-python <command>`
-  inside the container (ranks from torchrun's RANK/WORLD_SIZE/LOCAL_RANK).
-- several nodes: the rule has an `mpi` resource and no container directive, so its shell
-  runs in the batch step on the host: it finds rank 0's host with SLURM tools (absent from
-  the container), passes it in as SINGULARITYENV_MASTER_ADDR, and starts one task per GCD
-  with `srun` (explicit geometry and CPU masks) and `singularity exec` with the same binds.
-  Ranks come from SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID (vcloud.train.distributed).
+- no cluster section (laptop): the command as is, or `torchrun --standalone` for gpus > 1.
+- a CPU rule on the cluster: snakemake's SLURM jobstep runs it with `srun -n1` and wraps it
+  in `apptainer exec <binds> <image>` (the profile's apptainer-args).
+- a GPU or multi-node rule on the cluster launches itself: it has an `mpi` resource and no
+  container directive, so its shell runs in the batch step on the host and starts its own
+  job step, `srun <geometry> singularity exec <binds> <image> ...`:
+  - one node, one GCD: one task running the command;
+  - one node, G GCDs: one task running `torchrun --standalone --nproc-per-node=G` once;
+  - N nodes: one task per GCD (explicit geometry and GCD-affine CPU masks), rank 0's host
+    from SLURM tools (absent from the container) as SINGULARITYENV_MASTER_ADDR, ranks from
+    SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID (vcloud.train.distributed).
+  Why its own step: SLURM's warning before the time limit (`--signal=USR1@S`, no `B:`) goes
+  to every process of every job step but the batch step. Under the jobstep's `srun -n1`
+  the step also holds snakemake itself, which USR1 kills (measured on the test cluster: step
+  CANCELLED by signal 10 while the trainer was still writing); with its own step only the
+  trainer's processes get the warning and snakemake waits in the batch step.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vcloud.errors import ConfigError
 
@@ -70,6 +78,10 @@ class Cluster:
     partitions: dict[str, Partition]
     jobs: int
     master_port_base: int
+    signal_seconds: int = 300
+    restart_minutes: float = 10.0
+    spare_retries: int = 2
+    env_image: str | None = None  # squashfs venv made by `vcloud image`, bound at /user-software
 
     @classmethod
     def from_config(cls, config: dict) -> Cluster | None:
@@ -77,6 +89,8 @@ class Cluster:
         if not section:
             return None
         account = section["account"]
+        if section.get("pylibs") and section.get("env_image"):
+            raise ConfigError("cluster: pylibs and env_image both set; keep one (env_image: `vcloud image`)")
         partitions = {
             name: Partition(name=name, **values) for name, values in section["partitions"].items()
         }
@@ -93,19 +107,30 @@ class Cluster:
             partitions=partitions,
             jobs=int(section.get("jobs", 32)),
             master_port_base=int(section.get("master_port_base", 29500)),
+            signal_seconds=int(section.get("signal_seconds", 300)),
+            restart_minutes=float(section.get("restart_minutes", 10)),
+            spare_retries=int(section.get("spare_retries", 2)),
+            env_image=_expand(section.get("env_image"), account),
         )
 
     # --- container -----------------------------------------------------------------------
 
     def apptainer_args(self) -> str:
-        """Bind options for every container call: one -B per path, never --rocm."""
-        return " ".join(f"-B {shlex.quote(path)}" for path in self.binds)
+        """Bind options for every container call: one -B per path, never --rocm; the
+        squashfs environment (`vcloud image`) mounted at /user-software."""
+        binds = list(self.binds)
+        if self.env_image:
+            binds.append(f"{self.env_image}:/user-software:image-src=/")
+        return " ".join(f"-B {shlex.quote(path)}" for path in binds)
 
     def container_env(self) -> dict[str, str]:
         """Variables the host sets before `apptainer exec` (the profile's precommand)."""
         libs = ",".join(self.containlibs)
         env = {"SINGULARITY_CONTAINLIBS": libs, "APPTAINER_CONTAINLIBS": libs}
-        if self.pylibs:  # extra packages in /projappl instead of a derived image (seed 001)
+        if self.env_image:  # the venv inside it comes first on PATH (LUMI AI guide, ch. 2)
+            for prefix in ("SINGULARITYENV", "APPTAINERENV"):
+                env[f"{prefix}_PREPEND_PATH"] = "/user-software/venv/bin"
+        elif self.pylibs:  # extra packages in /projappl instead of a derived image (seed 001)
             for prefix in ("SINGULARITYENV", "APPTAINERENV"):
                 env[f"{prefix}_PYTHONPATH"] = self.pylibs
                 env[f"{prefix}_PREPEND_PATH"] = f"{self.pylibs}/bin"
@@ -133,7 +158,12 @@ def _expand(text: str | None, account: str) -> str | None:
 
 @dataclass(frozen=True)
 class RuleResources:
-    """One entry of config `resources` (schema defaults filled)."""
+    """One entry of config `resources` (schema defaults filled).
+
+    mem_mb is per node. With `mem_mb_per_gpu` in the entry of a GPU rule it follows the GCDs:
+    mem_mb_per_gpu x gpus per node (mem_mb is then ignored: config/lumi.yaml is an overlay
+    and cannot remove the default's mem_mb), so raising `gpus` raises the host memory too.
+    """
 
     rule: str
     runtime: int
@@ -143,14 +173,24 @@ class RuleResources:
     gpus: int
     nodes: int
     cpus_per_gpu: int
+    mem_mb_per_gpu: int | None = None
+    epoch_minutes: float | None = None  # estimated time of one epoch (training rules)
 
     @classmethod
     def from_config(cls, config: dict, key: str, rule: str | None = None) -> RuleResources:
         entry = config["resources"][key]
-        return cls(rule=rule or key, runtime=entry["runtime"], mem_mb=entry["mem_mb"],
+        where = f"resources.{key}"
+        gpus, per_gpu = entry.get("gpus", 0), entry.get("mem_mb_per_gpu")
+        if not gpus:
+            per_gpu = None  # a CPU run of a GPU rule (e.g. gpus: 0 on the command line)
+        if per_gpu is None and "mem_mb" not in entry:
+            raise ConfigError(f"{where}: mem_mb is missing (mem_mb_per_gpu applies to GPU rules only)")
+        return cls(rule=rule or key, runtime=entry["runtime"],
+                   mem_mb=per_gpu * gpus if per_gpu is not None else entry["mem_mb"],
                    threads=entry["threads"], partition=entry.get("partition", "small"),
-                   gpus=entry.get("gpus", 0), nodes=entry.get("nodes", 1),
-                   cpus_per_gpu=entry.get("cpus_per_gpu", 7))
+                   gpus=gpus, nodes=entry.get("nodes", 1),
+                   cpus_per_gpu=entry.get("cpus_per_gpu", 7), mem_mb_per_gpu=per_gpu,
+                   epoch_minutes=entry.get("epoch_minutes"))
 
     @property
     def world_size(self) -> int:
@@ -161,16 +201,173 @@ class RuleResources:
     def multinode(self) -> bool:
         return self.nodes > 1
 
-    def gpu_hours(self) -> float:
-        """Billed GPU hours at the requested wall time: GCDs x hours (8 per LUMI-G node-hour)."""
-        return self.gpus * self.nodes * self.runtime / 60
+    @property
+    def cores(self) -> int:
+        """CPU cores the job holds on all its nodes (what LUMI bills on partial nodes)."""
+        per_node = self.gpus * self.cpus_per_gpu if self.gpus else self.threads
+        return per_node * self.nodes
+
+    def with_overrides(self, overrides: dict | None, *, threads: int | None = None) -> RuleResources:
+        """These resources after `snakemake --set-resources RULE:NAME=VALUE` (and --set-threads).
+
+        Names vcloud derives the launch from follow through (gpu is GPUs in total, split over
+        the nodes; memory follows the GCDs unless mem_mb is set too); names that would change
+        the task geometry behind vcloud's back are refused with one line.
+        """
+        overrides = dict(overrides or {})
+        where = f"--set-resources {self.rule}"
+        for name in _GEOMETRY:
+            if name in overrides:
+                raise ConfigError(f"{where}:{name}: vcloud sets the task geometry itself; change "
+                                  f"gpu, nodes or cpus_per_gpu (or resources.{self.rule}) instead")
+        for name in ("mem", "mem_gb", "mem_mib", "mem_mb_per_cpu", "runtime_min", "time"):
+            if name in overrides:
+                raise ConfigError(f"{where}:{name}: not followed by vcloud's launch, doctor and "
+                                  "accounting; use mem_mb or runtime (minutes)")
+        nodes = _int_override(overrides, "nodes", self.nodes, where)
+        gpus = self.gpus
+        if "gpu" in overrides:
+            total = _int_override(overrides, "gpu", self.gpus * self.nodes, where)
+            if total % nodes:
+                raise ConfigError(f"{where}:gpu={total}: not a multiple of the {nodes} nodes")
+            gpus = total // nodes
+        elif "nodes" in overrides:
+            gpus = self.gpus  # per node: more nodes, same GCDs on each
+        mem = self.mem_mb
+        if "mem_mb" in overrides:
+            mem = _int_override(overrides, "mem_mb", self.mem_mb, where)
+        elif self.mem_mb_per_gpu is not None and gpus:
+            mem = self.mem_mb_per_gpu * gpus
+        partition = overrides.get("slurm_partition", self.partition)
+        return replace(
+            self, runtime=_int_override(overrides, "runtime", self.runtime, where), mem_mb=mem,
+            threads=threads if threads is not None else
+            _int_override(overrides, "cpus_per_task", self.threads, where),
+            partition=str(partition), gpus=gpus, nodes=nodes,
+            cpus_per_gpu=_int_override(overrides, "cpus_per_gpu", self.cpus_per_gpu, where),
+        )
+
+
+# Resource names of the plugin that set tasks or GPUs other than through `gpu`/`nodes`.
+_GEOMETRY = ("tasks", "tasks_per_gpu", "tasks_per_node", "mpi", "gpus", "gres", "gpu_model",
+             "nvidia_gpu", "mem_mb_per_gpu")
+
+
+def _int_override(overrides: dict, name: str, default: int, where: str) -> int:
+    if name not in overrides:
+        return default
+    value = overrides[name]
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}:{name}={value!r}: expected a whole number") from None
+    if number < (0 if name == "gpu" else 1):
+        raise ConfigError(f"{where}:{name}={value!r}: out of range")
+    return number
+
+
+# --- LUMI billing --------------------------------------------------------------------------
+# LUMI user guide, "Billing policy" (docs/runjobs/lumi_env/billing.md): "A GPU-hour corresponds
+# to the allocation of a full MI250x module (2 GCDs) for one hour." Whole-node GPU partitions
+# (standard-g): 4 GPU-h per node-hour. Partial GPU partitions (small-g, dev-g): 0.5 x max(
+# ceil(cores / 8), ceil(memory / 64 GB), GCDs) per hour. CPU partitions: core-hours, on partial
+# nodes (small) max(cores, ceil(memory / 2 GB)), on whole nodes (standard) 128 per node-hour.
+# Memory counts in SLURM's units (1 GB = 1024 MB), as requested with --mem.
+BILLING_SOURCE = "LUMI user guide, docs/runjobs/lumi_env/billing.md"
+_CORES_PER_GCD_SLICE = 8  # 64 cores / 8 GCDs of a LUMI-G node
+_MEM_PER_GCD_SLICE_MB = 64 * 1024  # 512 GB / 8 GCDs
+_MEM_PER_CORE_MB = 2 * 1024  # LUMI-C: 256 GB / 128 cores
+_CORES_PER_CPU_NODE = 128
+
+
+@dataclass(frozen=True)
+class Billing:
+    unit: str  # "GPU-h" or "core-h"
+    per_hour: float  # billed units per wall hour
+    formula: str  # how per_hour was found, with the job's numbers
+
+    def hours(self, wall_hours: float) -> float:
+        return self.per_hour * wall_hours
+
+
+def billing(res: RuleResources, part: Partition) -> Billing:
+    """What LUMI bills per wall hour for a job of these resources on this partition."""
+    if part.gpus_per_node:
+        if part.full_nodes:
+            per_node = part.gpus_per_node / 2  # 2 GCDs per MI250X module
+            return Billing("GPU-h", per_node * res.nodes, f"{per_node:g} x {res.nodes} nodes")
+        gcds = res.gpus * res.nodes
+        cores = math.ceil(res.cores / _CORES_PER_GCD_SLICE)
+        mem = math.ceil(res.mem_mb * res.nodes / _MEM_PER_GCD_SLICE_MB)
+        return Billing("GPU-h", 0.5 * max(cores, mem, gcds),
+                       f"0.5 x max({cores} core slices, {mem} memory slices, {gcds} GCDs)")
+    if part.full_nodes:
+        return Billing("core-h", _CORES_PER_CPU_NODE * res.nodes,
+                       f"{_CORES_PER_CPU_NODE} x {res.nodes} nodes")
+    mem = math.ceil(res.mem_mb * res.nodes / _MEM_PER_CORE_MB)
+    return Billing("core-h", max(res.cores, mem), f"max({res.cores} cores, {mem} x 2 GB)")
+
+
+# --- wall-time warning and resubmission ----------------------------------------------------
+
+
+def signal_option(seconds: int) -> str:
+    """sbatch option for SIGUSR1 `seconds` before the time limit, to every job step (no `B:`:
+    the batch shell is snakemake's jobstep, the trainer runs in the rule's own step)."""
+    return f"--signal=USR1@{seconds}"
+
+
+def retries_needed(*, epochs: int, epoch_minutes: float, runtime: int, signal_seconds: int,
+                   restart_minutes: float, spare: int) -> int:
+    """Resubmissions a training rule needs to finish `epochs` at `epoch_minutes` each.
+
+    A job trains for its wall time less the warning (spent writing latest.pt) and the restart
+    overhead (start-up, data, MIOpen); an interruption loses less than one step, since the
+    trainer saves at the next step boundary. `spare` more cover node failures and preemption.
+    """
+    useful = runtime - signal_seconds / 60 - restart_minutes
+    if useful <= 0:
+        raise ConfigError(f"runtime {runtime} min leaves no training time after the "
+                          f"{signal_seconds} s warning and {restart_minutes} min restart")
+    jobs = math.ceil(epochs * epoch_minutes / useful)
+    return max(jobs - 1, 0) + spare
+
+
+def measured_epoch_minutes(metrics_lines: list[str]) -> float | None:
+    """Median minutes per epoch of a stage's metrics.jsonl (wall_time between rows, else
+    epoch_s), or None when nothing usable was logged yet."""
+    import json
+
+    rows = []
+    for line in metrics_lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a torn last line of a killed write
+        if isinstance(row, dict):
+            rows.append(row)
+    gaps = [b["wall_time"] - a["wall_time"] for a, b in zip(rows, rows[1:])
+            if isinstance(a.get("wall_time"), (int, float)) and isinstance(b.get("wall_time"), (int, float))
+            and b.get("epoch", 0) == a.get("epoch", -2) + 1]
+    values = [g for g in gaps if g > 0] or [r["epoch_s"] for r in rows
+                                           if isinstance(r.get("epoch_s"), (int, float)) and r["epoch_s"] > 0]
+    if not values:
+        return None
+    values.sort()
+    return values[len(values) // 2] / 60
+
+
+def self_launched(res: RuleResources, cluster: Cluster | None) -> bool:
+    """GPU and multi-node rules on a cluster start their own job step (see the module doc)."""
+    return cluster is not None and (res.gpus > 0 or res.multinode)
 
 
 def slurm_resources(res: RuleResources, cluster: Cluster | None) -> dict:
     """Keyword arguments for a rule's `resources:` (SLURM executor plugin names).
 
     Local runs ignore the slurm_* names; the account comes from the cluster section (without
-    one, the plugin takes the user's default account).
+    one, the plugin takes the user's default account). Never tasks_per_gpu or tasks on a GPU
+    job: plugins before 2.7.1 turned that into --ntasks-per-gpu, one torchrun per GCD.
     """
     out: dict = {"runtime": res.runtime, "mem_mb": res.mem_mb, "slurm_partition": res.partition}
     if cluster is not None:
@@ -182,54 +379,80 @@ def slurm_resources(res: RuleResources, cluster: Cluster | None) -> dict:
         out["cpus_per_task"] = res.threads
     if res.multinode:
         out["nodes"] = res.nodes
-        # The rule's shell runs in the batch step and calls srun itself (multinode_prefix).
+    if self_launched(res, cluster):
+        # The rule's shell runs in the batch step and calls srun itself (launch_prefix). The
+        # plugin wants more than one task per node for an mpi job; one-task launches use
+        # fewer tasks than the allocation allows, which SLURM permits.
         out["mpi"] = "srun"
-        out["tasks_per_node"] = max(res.gpus, 2)
+        out["tasks_per_node"] = max(_tasks_per_node(res), 2)
+        out["slurm_extra"] = signal_option(cluster.signal_seconds)
     return out
 
 
+def _tasks_per_node(res: RuleResources, tasks_per_node: int | None = None) -> int:
+    if tasks_per_node:
+        return tasks_per_node
+    return res.gpus if res.multinode and res.gpus else 1
+
+
 def uses_container(res: RuleResources, cluster: Cluster | None) -> bool:
-    """Snakemake wraps the rule in apptainer, except multi-node rules (they call srun first)."""
-    return cluster is not None and not res.multinode
+    """Snakemake wraps the rule in apptainer, except self-launched rules (they srun into it)."""
+    return cluster is not None and not self_launched(res, cluster)
+
+
+def torchrun(gpus: int) -> str:
+    return f"torchrun --standalone --nnodes=1 --nproc-per-node={gpus} --no-python"
 
 
 def launch_prefix(res: RuleResources, cluster: Cluster | None) -> str:
     """What goes before a rule's `vcloud ...` command to start one process per GPU."""
-    if not res.multinode:
-        if res.gpus <= 1:
-            return ""
-        return f"torchrun --standalone --nnodes=1 --nproc-per-node={res.gpus} --no-python"
     if cluster is None:
-        raise ConfigError(f"resources.{res.rule}.nodes: {res.nodes} nodes need a cluster section "
-                          "(config/lumi.yaml)")
-    return multinode_prefix(res, cluster)
+        if res.multinode:
+            raise ConfigError(f"resources.{res.rule}.nodes: {res.nodes} nodes need a cluster "
+                              "section (config/lumi.yaml)")
+        return torchrun(res.gpus) if res.gpus > 1 else ""
+    if not self_launched(res, cluster):
+        return ""
+    return step_prefix(res, cluster)
 
 
-def multinode_prefix(res: RuleResources, cluster: Cluster, *, tasks_per_node: int | None = None) -> str:
-    """srun + singularity exec for several nodes, run by the batch step on the host.
+def step_prefix(res: RuleResources, cluster: Cluster, *, tasks_per_node: int | None = None) -> str:
+    """srun + singularity exec of a self-launched rule, run by the batch step on the host.
 
-    One task per GCD (tasks_per_node: CPU-only runs, e.g. the tests' 2-task gloo job). The
-    SLURM jobstep strips SLURM_* (but SLURM_JOB_ID) before it runs this line, so the node
-    list comes from squeue, not $SLURM_NODELIST.
+    The SLURM jobstep strips SLURM_* (but SLURM_JOB_ID) before it runs this line, so the
+    node list comes from squeue, not $SLURM_NODELIST; every count is explicit for the same
+    reason (a step inherits nothing from the allocation's options).
     """
-    tasks = tasks_per_node or max(res.gpus, 1)
+    tasks = _tasks_per_node(res, tasks_per_node)
     geometry = [f"--nodes={res.nodes}", f"--ntasks-per-node={tasks}"]
-    if res.gpus:
+    if res.gpus and res.multinode or (res.gpus and tasks_per_node):
         masks = cluster.cpu_masks[:tasks]
         if len(masks) < tasks:
             raise ConfigError(f"cluster.cpu_masks: {len(cluster.cpu_masks)} masks for "
                               f"{tasks} tasks per node ({res.rule})")
         geometry += [f"--gpus-per-node={res.gpus}", f"--cpu-bind=mask_cpu:{','.join(masks)}"]
+    elif res.gpus:  # one task holding every GCD and core of the allocation
+        geometry += [f"--gpus-per-node={res.gpus}", f"--cpus-per-task={res.gpus * res.cpus_per_gpu}"]
     else:
         geometry += [f"--cpus-per-task={res.threads}"]
     exports = [f"export {k}={shlex.quote(v)}" for k, v in cluster.container_env().items()]
-    nodelist = '$(squeue -h -j "$SLURM_JOB_ID" -o %N)'
-    exports += [
-        f'export SINGULARITYENV_MASTER_ADDR="$(scontrol show hostnames "{nodelist}" | head -n1)"',
-        f"export SINGULARITYENV_MASTER_PORT=$(({cluster.master_port_base} + SLURM_JOB_ID % 1000))",
-        "export APPTAINERENV_MASTER_ADDR=$SINGULARITYENV_MASTER_ADDR",
-        "export APPTAINERENV_MASTER_PORT=$SINGULARITYENV_MASTER_PORT",
-    ]
+    if res.multinode or tasks > 1:
+        nodelist = '$(squeue -h -j "$SLURM_JOB_ID" -o %N)'
+        exports += [
+            f'export SINGULARITYENV_MASTER_ADDR="$(scontrol show hostnames "{nodelist}" | head -n1)"',
+            f"export SINGULARITYENV_MASTER_PORT=$(({cluster.master_port_base} + SLURM_JOB_ID % 1000))",
+            "export APPTAINERENV_MASTER_ADDR=$SINGULARITYENV_MASTER_ADDR",
+            "export APPTAINERENV_MASTER_PORT=$SINGULARITYENV_MASTER_PORT",
+        ]
     run = (f"srun {' '.join(geometry)} singularity exec {cluster.apptainer_args()} "
            f"{shlex.quote(cluster.image)}")
+    if res.gpus > 1 and not res.multinode and not tasks_per_node:
+        # torchrun dies of SIGUSR1 (its agent handles TERM/INT/HUP/QUIT only) and takes the
+        # ranks with it mid-save: it starts with USR1 ignored; each rank installs its handler.
+        run += f" python3 -m vcloud.runtime.launch --ignore-usr1 {torchrun(res.gpus)}"
     return "; ".join([*exports, run])
+
+
+def multinode_prefix(res: RuleResources, cluster: Cluster, *, tasks_per_node: int | None = None) -> str:
+    """The multi-node launch line (one task per GCD); see step_prefix."""
+    return step_prefix(res, cluster, tasks_per_node=tasks_per_node)

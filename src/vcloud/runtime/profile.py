@@ -7,6 +7,7 @@ A test and `vcloud doctor` fail when the committed profile no longer matches its
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -53,16 +54,50 @@ def _read(path: Path) -> dict:
     return data
 
 
-def render(cluster: Cluster, *, source: str = "config/lumi.yaml") -> str:
-    """The text of profiles/lumi/config.yaml."""
+# Oldest releases without the known bugs (FIELD-FACTS.md): snakemake before 9.14.1 also
+# applied --retries inside the SLURM job; the plugin before 2.7.1 gave every GPU job
+# --ntasks-per-gpu=1 (8 GCDs: the command started 8 times with one GCD each).
+SNAKEMAKE_FLOOR = (9, 14, 1)
+PLUGIN_FLOOR = (2, 7, 1)
+ARRAY_JOBS_SINCE = (2, 6, 0)  # --slurm-array-jobs
+
+
+def installed_version(package: str) -> tuple[int, ...] | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        text = version(package)
+    except PackageNotFoundError:
+        return None
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return None if match is None else tuple(int(x or 0) for x in match.groups())
+
+
+def version_problems() -> list[str]:
+    """One line per installed snakemake / SLURM plugin older than its floor."""
+    found = []
+    for package, floor in (("snakemake", SNAKEMAKE_FLOOR), ("snakemake-executor-plugin-slurm", PLUGIN_FLOOR)):
+        have = installed_version(package)
+        want = ".".join(map(str, floor))
+        if have is None:
+            found.append(f"{package}: not installed (need >= {want} on the host)")
+        elif have < floor:
+            found.append(f"{package}: {'.'.join(map(str, have))} is older than {want} (known bugs: "
+                         "see README, On LUMI); pip install -U it on the host")
+    return found
+
+
+def render(cluster: Cluster, *, source: str = "config/lumi.yaml", array_jobs: bool = True) -> str:
+    """The text of profiles/lumi/config.yaml (array_jobs: the plugin takes --slurm-array-jobs)."""
     settings = {
         "executor": "slurm",
         "jobs": cluster.jobs,
         "configfiles": [source],
         # Jobs see files written on another node only after Lustre catches up.
         "latency-wait": 60,
-        # A node failure or preemption: requeue (the stage resumes from latest.pt), then one retry.
-        "retries": 1,
+        # SLURM requeues on node failure and preemption only (the stage resumes from
+        # latest.pt). A timeout or the trainer's exit 3 is resubmitted by snakemake: each GPU
+        # rule sets its own `retries` from the config (epochs x epoch time / wall time).
         "slurm-requeue": True,
         "rerun-incomplete": True,
         "keep-going": True,
@@ -70,13 +105,26 @@ def render(cluster: Cluster, *, source: str = "config/lumi.yaml") -> str:
         "show-failed-logs": True,
         "slurm-logdir": "logs/slurm",
         "slurm-keep-successful-logs": True,  # rank placement and rocm-smi output stay readable
+        # Job names vcloud_<run id>; the rule is in the comment (squeue -O JobID,Name,Comment).
+        "slurm-jobname-prefix": "vcloud",
+        # CPU and memory efficiency of every job (sacct), written when snakemake ends.
+        "slurm-efficiency-report": True,
+        "slurm-efficiency-report-path": "logs/slurm",
         "software-deployment-method": "apptainer",
         "apptainer-args": cluster.apptainer_args(),
         # Runs in each job before its snakemake, on the host: apptainer reads these.
         "precommand": cluster.precommand(),
     }
+    if array_jobs:  # one sbatch for all the ROIs ready at once, not one per ROI
+        settings["slurm-array-jobs"] = "prepare_roi"
     body = yaml.safe_dump(settings, sort_keys=False, width=1000)
     return HEADER.format(source=source) + body
+
+
+def supports_array_jobs() -> bool:
+    """Whether the installed SLURM plugin takes --slurm-array-jobs (else assume the floor)."""
+    have = installed_version("snakemake-executor-plugin-slurm")
+    return have is None or have >= ARRAY_JOBS_SINCE
 
 
 def write_profile(config_file: Path, out: Path, *, check: bool = False) -> str:
@@ -85,7 +133,7 @@ def write_profile(config_file: Path, out: Path, *, check: bool = False) -> str:
     cluster = Cluster.from_config(config)
     if cluster is None:
         raise ConfigError(f"{config_file}: no cluster section to make a profile from")
-    text = render(cluster, source=_relative(config_file))
+    text = render(cluster, source=_relative(config_file), array_jobs=supports_array_jobs())
     out = Path(out)
     if check:
         if not out.is_file() or out.read_text() != text:

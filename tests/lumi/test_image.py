@@ -1,0 +1,107 @@
+"""`vcloud image`: the squashfs environment built the way LUMI allows (no root, no fakeroot).
+
+The container runtime is the recording stand-in (tests/lumi/bin/apptainer runs `exec`
+commands on the host); mksquashfs/unsquashfs are the real Debian squashfs-tools, installed with
+apt-get when missing and we are root, else these tests skip with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.lumi.helpers import REPO, apptainer_calls, stand_in_env
+from vcloud.errors import BadInputError
+from vcloud.runtime import image
+
+
+@pytest.fixture(scope="session")
+def squashfs_tools():
+    if shutil.which("mksquashfs") and shutil.which("unsquashfs"):
+        return True
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
+        pytest.skip("needs squashfs-tools: missing, and installing it needs root and apt-get")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for command in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends", "squashfs-tools"]):
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    return True
+
+
+def test_commands_make_the_venv_inside_the_image_and_pack_it(tmp_path):
+    commands = image.build_commands(base="/appl/csc.sif", repo=REPO, build=tmp_path / "env",
+                                    out=tmp_path / "env.sqsh")
+    venv, reqs, package, smoke, pack = commands
+    for command in (venv, reqs, package, smoke):
+        assert command[:6] == ["singularity", "exec", "-B", f"{tmp_path / 'env'}:/user-software", "-B", str(REPO)]
+        assert command[6] == "/appl/csc.sif" and "--rocm" not in command and "build" not in command
+    assert venv[7:] == ["python3", "-m", "venv", "--system-site-packages", "/user-software/venv"]
+    assert reqs[-2:] == ["-r", str(REPO / "containers/requirements-image.txt")]
+    assert package[-2:] == ["--no-deps", str(REPO)]  # torch stays the image's build
+    assert pack[:3] == ["mksquashfs", str(tmp_path / "env"), str(tmp_path / "env.sqsh")]
+
+
+def test_build_with_the_stand_in_and_real_mksquashfs_then_the_doctor_reads_the_stamp(tmp_path, squashfs_tools):
+    env = stand_in_env(tmp_path)
+    base = tmp_path / "csc.sif"
+    base.write_text("stand-in image\n")
+    out = tmp_path / "projappl" / "vcloud-env.sqsh"
+    old_path = os.environ["PATH"]
+    os.environ["PATH"] = env["PATH"]
+    os.environ["VCLOUD_APPTAINER_LOG"] = env["VCLOUD_APPTAINER_LOG"]
+    try:
+        # mount=None: the stand-in ignores binds and runs on the host, so the venv is made
+        # where it is built; on LUMI it is made at /user-software inside the image.
+        lines = image.build(base=str(base), repo=REPO, out=out, mount=None, runner="apptainer")
+    finally:
+        os.environ["PATH"] = old_path
+        os.environ.pop("VCLOUD_APPTAINER_LOG")
+    assert len(lines) == 5 and lines[-1].startswith("mksquashfs ")
+    calls = [c["argv"] for c in apptainer_calls(tmp_path)]
+    assert len(calls) == 4 and all(c[0] == "exec" and str(base) in c for c in calls)
+    assert out.is_file() and not list(out.parent.glob("*.partial")) and not list(out.parent.glob(".vcloud-image-*"))
+    listing = subprocess.run(["unsquashfs", "-l", str(out)], capture_output=True, text=True, check=True).stdout
+    assert "squashfs-root/venv/bin/python" in listing and "squashfs-root/vcloud-version" in listing
+    assert image.read_stamp(out) == image.version_stamp(REPO)
+    assert image.check(image=str(base), env_image=str(out), repo=REPO) == []
+    # An environment of other code is named, with the way out.
+    stale = tmp_path / "stale"
+    (stale / "env").mkdir(parents=True)
+    (stale / "env" / "vcloud-version").write_text("vcloud 0.0.1 deadbeef\n")
+    subprocess.run(["mksquashfs", str(stale / "env"), str(stale / "old.sqsh"), "-quiet"], check=True)
+    (problem,) = image.check(image=str(base), env_image=str(stale / "old.sqsh"), repo=REPO)
+    assert "holds 'vcloud 0.0.1 deadbeef'" in problem and "rebuild it with `vcloud image`" in problem
+
+
+def test_missing_image_and_environment_are_named(tmp_path):
+    problems = image.check(image=str(tmp_path / "no.sif"), env_image=str(tmp_path / "no.sqsh"), repo=REPO)
+    assert problems == [f"cluster.image: {tmp_path / 'no.sif'} not found; see the README quick start (`vcloud image`)",
+                        f"cluster.env_image: {tmp_path / 'no.sqsh'} not found; build it with `vcloud image`"]
+
+
+def test_failed_step_stops_with_one_line_and_leaves_nothing(tmp_path, monkeypatch, squashfs_tools):
+    monkeypatch.setenv("PATH", f"{REPO / 'tests/lumi/bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("VCLOUD_APPTAINER_LOG", str(tmp_path / "calls.jsonl"))
+    out = tmp_path / "env.sqsh"
+    with pytest.raises(BadInputError, match="base image not found"):
+        image.build(base=str(tmp_path / "missing.sif"), repo=REPO, out=out, runner="apptainer")
+    base = tmp_path / "csc.sif"
+    base.write_text("x")
+    # A mount point under a regular file: the stand-in's venv step fails there.
+    with pytest.raises(BadInputError, match=r"image build: .* failed"):
+        image.build(base=str(base), repo=REPO, out=out, mount=str(base / "x"), runner="apptainer")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calls.jsonl", "csc.sif"]
+
+
+def test_cli_dry_run_prints_the_commands():
+    out = subprocess.run([sys.executable, "-m", "vcloud.cli", "image", "--dry-run", "--out", "/tmp/x.sqsh"],
+                         capture_output=True, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("singularity exec -B ") and "--system-site-packages /user-software/venv" in lines[0]
+    assert lines[-1].startswith("mksquashfs ") and Path("/tmp/x.sqsh.partial").name in lines[-1]
