@@ -229,7 +229,7 @@ def test_wall_time_warning_checkpoints_and_snakemake_resubmits_until_done(slurm_
     (tmp_path / "models.yaml").write_text(yaml.safe_dump(models))
     overlay, cluster = write_overlay(
         tmp_path,
-        synthetic={"enabled": True, "rois": ["ROIs1868/119", "ROIs2017/22", "ROIs1158/119"], "patches": 1},
+        synthetic={"enabled": True, "rois": ["ROIs1868/119", "ROIs2017/22", "ROIs1970/119"], "patches": 1},
         model_config=str(tmp_path / "models.yaml"),
     )
     extra = yaml.safe_load(overlay.read_text())

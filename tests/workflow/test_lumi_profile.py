@@ -64,8 +64,10 @@ def test_rules_run_in_the_image_with_the_binds_and_never_rocm(tmp_path):
                "results/prepared/rois/ROIs1868_119.zarr"], tmp_path, env)
     calls = exec_calls(tmp_path)
     commands = [c["argv"][-1] for c in calls]
-    assert len(calls) == 2
-    assert "vcloud synth" in commands[0] and "vcloud prepare" in commands[1]
+    # synth_raw, index_archive for the ROI's S1 and S2 archives, prepare_roi: each in the image.
+    assert len(calls) == 4
+    assert "vcloud synth" in commands[0] and "vcloud prepare" in commands[3]
+    assert all("vcloud index" in command for command in commands[1:3])
     for call in calls:
         argv = call["argv"]
         assert "--rocm" not in argv
@@ -96,7 +98,7 @@ def test_set_resources_gpu_changes_the_launch_line(tmp_path):
     GCD, and its launch line starts torchrun once with 8 processes (dry run, as typed)."""
     make_raw_folders(tmp_path)
     env = stand_in_env(tmp_path)
-    proc = snakemake(["-n", "--config", f"data={{raw_dir: {tmp_path / 'raw'}}}", "--set-resources",
+    proc = snakemake(["-n", "--config", f"data={{raw: {tmp_path / 'raw'}}}", "--set-resources",
                       "train_stage1:gpu=8"], tmp_path, env)
     out = proc.stdout + proc.stderr
     block = out[out.index("rule train_stage1:"):]
@@ -111,7 +113,7 @@ def test_set_resources_gpu_changes_the_launch_line(tmp_path):
 def test_set_resources_that_change_the_task_geometry_are_refused(tmp_path):
     make_raw_folders(tmp_path)
     env = stand_in_env(tmp_path)
-    proc = snakemake(["-n", "--config", f"data={{raw_dir: {tmp_path / 'raw'}}}", "--set-resources",
+    proc = snakemake(["-n", "--config", f"data={{raw: {tmp_path / 'raw'}}}", "--set-resources",
                       "train_stage1:tasks_per_gpu=1"], tmp_path, env, check=False)
     assert proc.returncode != 0
     assert ("--set-resources train_stage1:tasks_per_gpu: vcloud sets the task geometry itself"

@@ -83,7 +83,7 @@ def test_era5_wind_rule_against_a_local_store_feeds_prepare(tiny_raw_master, tmp
     source = write_arco_like(tmp_path / "arco.zarr", noon)
     config = {
         "synthetic": {"enabled": False},
-        "data": {"raw_dir": str(tiny_raw_master), "rois": [str(roi)], "times": TINY["times"],
+        "data": {"raw": str(tiny_raw_master), "rois": [str(roi)], "times": TINY["times"],
                  "patch_size": TINY["size"], "wind_table": "resources/wind/era5_u10v10.zarr"},
         "wind": {"era5_source": str(source)},
     }  # fmt: skip
