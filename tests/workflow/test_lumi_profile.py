@@ -59,7 +59,8 @@ def test_real_run_with_placeholder_account_submits_nothing(tmp_path):
 def test_rules_run_in_the_image_with_the_binds_and_never_rocm(tmp_path):
     overlay, cluster = write_overlay(tmp_path)
     env = stand_in_env(tmp_path)
-    snakemake(["--executor", "local", "--cores", "2", "--configfile", "config/lumi.yaml",
+    # One job at a time: the recording stand-in appends one JSON line per call to one file.
+    snakemake(["--executor", "local", "--cores", "1", "--configfile", "config/lumi.yaml",
                str(overlay), "--apptainer-args", cluster.apptainer_args(), "--",
                "results/prepared/rois/ROIs1868_119.zarr"], tmp_path, env)
     calls = exec_calls(tmp_path)
