@@ -196,14 +196,17 @@ def test_lumi_profile_submits_through_slurm_into_the_image(slurm_cluster, tmp_pa
         cwd=REPO, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     calls = exec_calls(tmp_path)
-    assert ["vcloud synth" in calls[0]["argv"][-1], "vcloud prepare" in calls[1]["argv"][-1]] == [True, True]
+    commands = [call["argv"][-1] for call in calls]
+    # synth_raw, index_archive of the ROI's S1 and S2 archives, prepare_roi: each in the image.
+    assert "vcloud synth" in commands[0] and "vcloud prepare" in commands[-1], commands
+    assert sum("vcloud index" in command for command in commands) == 2, commands
     for call in calls:
         assert "--rocm" not in call["argv"] and cluster.image in call["argv"]
         assert set(cluster.binds) <= set(binds_of(call["argv"]))
         # The profile's precommand ran in the job before its snakemake: apptainer saw it.
         assert call["containlibs"] == ",".join(cluster.containlibs)
     logs = list((tmp_path / "logs" / "slurm").rglob("*.log"))
-    assert len(logs) == 2  # slurm-logdir from the profile
+    assert len(logs) == 4  # slurm-logdir from the profile: one log per job
     for log in logs:
         acct = sacct(log.stem)
         assert acct["state"] == "COMPLETED" and acct["partition"] == "small"
@@ -225,7 +228,8 @@ def test_wall_time_warning_checkpoints_and_snakemake_resubmits_until_done(slurm_
     import torch
 
     models = yaml.safe_load((REPO / "tests/workflow/tiny_models.yaml").read_text())
-    models["stage0"]["train"]["epochs"] = 90  # ~1 s each here: ~3 one-minute jobs
+    epochs = 300  # 0.15-0.3 s each here: 2-3 one-minute jobs
+    models["stage0"]["train"]["epochs"] = epochs
     (tmp_path / "models.yaml").write_text(yaml.safe_dump(models))
     overlay, cluster = write_overlay(
         tmp_path,
@@ -236,9 +240,9 @@ def test_wall_time_warning_checkpoints_and_snakemake_resubmits_until_done(slurm_
     extra["cluster"].update(signal_seconds=20, restart_minutes=0, spare_retries=2)
     extra["resources"].update(
         assemble_split={"runtime": 20, "mem_mb": 1000, "threads": 1, "partition": "small"},
-        # 1 min jobs, warned 20 s before the end: retries = ceil(90 x 1.5 s / 40 s) - 1 + 2 = 5.
+        # 1 min jobs, warned 20 s before the end: retries = ceil(300 x 1 s / 40 s) - 1 + 2 = 9.
         train_stage0={"runtime": 1, "mem_mb_per_gpu": 1500, "threads": 1, "partition": "small-g",
-                      "gpus": 1, "cpus_per_gpu": 2, "epoch_minutes": 1.5 / 60},
+                      "gpus": 1, "cpus_per_gpu": 2, "epoch_minutes": 1.0 / 60},
     )
     overlay.write_text(yaml.safe_dump(extra))
     env = stand_in_env(tmp_path)
@@ -266,7 +270,7 @@ def test_wall_time_warning_checkpoints_and_snakemake_resubmits_until_done(slurm_
     assert any(f"{job.stem}.0|3:0" in steps[job.stem] for job in jobs[:-1]), steps
     assert all(not any(line.startswith(f"{job.stem}.1|") for line in steps[job.stem]) for job in jobs), steps
     rows = [json.loads(x) for x in (tmp_path / "results/stage0/metrics.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in rows] == list(range(90))  # one row per epoch across the jobs
+    assert [r["epoch"] for r in rows] == list(range(epochs))  # one row per epoch across the jobs
     # The same training uninterrupted, on the host, with the job's thread count (snakemake
     # exports OMP_NUM_THREADS = the rule's threads; another count changes float sums).
     ref = tmp_path / "reference"
