@@ -228,7 +228,7 @@ def test_wall_time_warning_checkpoints_and_snakemake_resubmits_until_done(slurm_
     import torch
 
     models = yaml.safe_load((REPO / "tests/workflow/tiny_models.yaml").read_text())
-    epochs = 300  # 0.15-0.3 s each here: 2-3 one-minute jobs
+    epochs = 800  # about 0.1 s each on a quiet 2-core machine: 2-3 one-minute jobs
     models["stage0"]["train"]["epochs"] = epochs
     (tmp_path / "models.yaml").write_text(yaml.safe_dump(models))
     overlay, cluster = write_overlay(
@@ -240,9 +240,9 @@ def test_wall_time_warning_checkpoints_and_snakemake_resubmits_until_done(slurm_
     extra["cluster"].update(signal_seconds=20, restart_minutes=0, spare_retries=2)
     extra["resources"].update(
         assemble_split={"runtime": 20, "mem_mb": 1000, "threads": 1, "partition": "small"},
-        # 1 min jobs, warned 20 s before the end: retries = ceil(300 x 1 s / 40 s) - 1 + 2 = 9.
+        # 1 min jobs, warned 20 s before the end: retries = ceil(800 x 0.5 s / 40 s) - 1 + 2 = 11.
         train_stage0={"runtime": 1, "mem_mb_per_gpu": 1500, "threads": 1, "partition": "small-g",
-                      "gpus": 1, "cpus_per_gpu": 2, "epoch_minutes": 1.0 / 60},
+                      "gpus": 1, "cpus_per_gpu": 2, "epoch_minutes": 0.5 / 60},
     )
     overlay.write_text(yaml.safe_dump(extra))
     env = stand_in_env(tmp_path)
