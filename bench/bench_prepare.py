@@ -59,10 +59,10 @@ def main() -> None:
             "decoded_mb": round(decoded_mb, 1),
             "store_mb_on_disk": round(store_mb, 1),
             "prepare_s": round(prepare_s, 2),
-            "prepare_raw_mb_per_s": round(raw_mb / prepare_s, 1),
+            "prepare_raw_mb_per_s": float(f"{raw_mb / prepare_s:.3g}"),  # 3 significant digits: tiny runs too
             "prepare_images_per_s": round(len(files) / prepare_s, 1),
             "read_decode_only_s": round(read_s, 2),
-            "read_decode_raw_mb_per_s": round(raw_mb / read_s, 1),
+            "read_decode_raw_mb_per_s": float(f"{raw_mb / read_s:.3g}"),
             "read_decode_images_per_s": round(len(files) / read_s, 1),
             "prepare_over_floor": round(prepare_s / read_s, 2),
         }
