@@ -26,6 +26,8 @@ fill_defaults(config, f"{VCLOUD_ROOT}/workflow/schemas/config.schema.yaml")
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/paths.smk"
+include: "workflow/rules/cluster.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/wind.smk"
 include: "workflow/rules/train.smk"

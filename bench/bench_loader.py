@@ -31,7 +31,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import ROI, add_tree_arguments, emit, make_raw  # noqa: E402
-
 from vcloud.data.prepare import prepare_roi  # noqa: E402
 from vcloud.data.samples import CloudySamples  # noqa: E402
 from vcloud.data.shards import ShardLayout, ShardReader, _read_index  # noqa: E402
@@ -46,7 +45,7 @@ def floor_plan(store: Path, draws) -> list:
     layouts = {name: ShardLayout.read(store, name) for name in IMAGE_VARS}
     plan = []
     for location, dates in draws:
-        for name, layout in layouts.items():
+        for layout in layouts.values():
             path = layout.shard_path(store, location)
             fd = os.open(path, os.O_RDONLY)
             index = _read_index(fd, os.fstat(fd).st_size, layout.dates)
@@ -86,8 +85,12 @@ def raw_sample(raw, scan, patch, dates, size, *, detect_clouds):
     from vcloud.data.clouds import cloud_mask, cloud_probability
     from vcloud.data.geotiff import read_image
 
-    s2 = np.stack([read_image(scan.images[(patch, t)]["s2"].path(raw), bands=13, size=size, dtype=np.uint16)[0] for t in dates])
-    s1 = np.stack([read_image(scan.images[(patch, t)]["s1"].path(raw), bands=2, size=size, dtype=np.float32)[0] for t in dates])
+    s2 = np.stack(
+        [read_image(scan.images[(patch, t)]["s2"].path(raw), bands=13, size=size, dtype=np.uint16)[0] for t in dates]
+    )
+    s1 = np.stack(
+        [read_image(scan.images[(patch, t)]["s1"].path(raw), bands=2, size=size, dtype=np.float32)[0] for t in dates]
+    )
     if detect_clouds:
         cloud_mask(cloud_probability(s2))
     return normalise_s2(s2), normalise_s1(s1)

@@ -20,7 +20,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import ROI, add_tree_arguments, emit, make_raw, raw_files  # noqa: E402
-
 from vcloud.data.geotiff import read_image  # noqa: E402
 from vcloud.data.prepare import prepare_roi  # noqa: E402
 

@@ -25,7 +25,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import emit  # noqa: E402
-
 from vcloud.data.layout import RoiId  # noqa: E402
 
 ROI = RoiId("ROIs1970", 119)  # a europa train ROI: s1_europa.tar.gz, s2_europa.tar.gz

@@ -2,6 +2,7 @@
 
     snakemake --cores all            # trains the default (synthetic, small) pipeline first
     python bench/bench_stages.py [--results results] [--config config/models/small.yaml]
+                                 [--stage0 PATH ... --stage3 PATH] [--store PATH] [--wind-cache PATH]
 
 Quality: PSNR/SSIM/SAM/MAE/RMSE on fixed, seeded synthetic clouds (thin, thick, opaque) on
 the clear dates of the test split, for the least-cloudy-date and temporal-median-mosaic
@@ -23,13 +24,17 @@ from torch.utils.data import DataLoader
 
 from vcloud.config import load_model_config
 from vcloud.data.samples import CloudySamples
-from vcloud.models.autoencoder import Autoencoder
-from vcloud.models.cfdt import CFDT
-from vcloud.train.baselines import least_cloudy, median_mosaic
-from vcloud.train.metrics import MetricAccumulator, compute_all
-from vcloud.train.stages import EVAL_KINDS, build_pipeline, load_frozen
+from vcloud.evaluation.baselines import least_cloudy, median_mosaic
+from vcloud.evaluation.metrics import MetricAccumulator, compute_all
+from vcloud.evaluation.predict import build_predictor
+from vcloud.registry import STAGES
+from vcloud.train.stages import EVAL_KINDS
+from vcloud.wind.stage_orders import load_wind_orders
 
 TEST_SEED = 2024
+# What each stage's prediction is called in the output (stage 0 reconstructs the clear target).
+METHOD_NAMES = {0: "stage0_reconstruction_of_clear_target", 1: "stage1_draft", 2: "stage2_refined",
+                3: "stage3_student"}  # fmt: skip
 
 
 def main() -> None:
@@ -37,27 +42,29 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=Path("results"))
     parser.add_argument("--config", type=Path, default=Path("config/models/small.yaml"))
     parser.add_argument("--samples", type=int, default=48)
+    parser.add_argument("--store", type=Path, help="test store (default: RESULTS/prepared/test.zarr)")
+    for stage in STAGES:
+        parser.add_argument(f"--{stage.name}", type=Path, help=f"best.pt (default: RESULTS/{stage.name}/best.pt)")
+    parser.add_argument("--wind-cache", type=Path, help="scan orders (default: RESULTS/wind/scan_orders.npz)")
     args = parser.parse_args()
     cfg = load_model_config(args.config)
-    ckpt = {n: args.results / f"stage{n}/best.pt" for n in range(4)}
+    # Explicit paths win; the defaults are the default run's layout (the folders train_stage<n> write).
+    ckpt = {s.number: getattr(args, s.name) or args.results / s.name / "best.pt" for s in STAGES}
+    store = args.store or args.results / "prepared/test.zarr"
+    wind = load_wind_orders(cfg, store=store, wind_cache=args.wind_cache or args.results / "wind/scan_orders.npz",
+                            world_size=1, command="bench_stages.py")  # fmt: skip
     torch.manual_seed(0)
     samples = CloudySamples(
-        args.results / "prepared/test.zarr", dates=cfg.data.input_dates, length=args.samples,
-        seed=TEST_SEED, clear_max_cover=cfg.data.clear_max_cover, kinds=EVAL_KINDS,
+        store, dates=cfg.data.input_dates, length=args.samples,
+        seed=TEST_SEED, clear_max_cover=cfg.data.clear_target_max_cover, kinds=EVAL_KINDS,
     )  # fmt: skip
-    autoencoder = load_frozen(Autoencoder(cfg.stage0.model), ckpt[0], stage=0)
-    pipeline = build_pipeline(cfg, stage0_ckpt=ckpt[0], stage1_ckpt=ckpt[1])
-    pipeline.load_state_dict(torch.load(ckpt[2], weights_only=True)["model"])
-    pipeline.eval()
-    student = load_frozen(CFDT(cfg.stage1.model), ckpt[3], stage=3)
     methods = {
         "least_cloudy_date": lambda b: least_cloudy(b["x"], b["target_index"]),
         "median_mosaic": lambda b: median_mosaic(b["x"], b["target_index"]),
-        "stage1_draft": lambda b: pipeline.cfdt(b["x"], b["days"], b["target_index"]).clamp(0, 1),
-        "stage2_refined": lambda b: pipeline.sample(b, steps=cfg.stage2.model.sample_steps, seed=TEST_SEED),
-        "stage3_student": lambda b: student(b["x"], b["days"], b["target_index"]).clamp(0, 1),
-        "stage0_reconstruction_of_clear_target": lambda b: autoencoder(b["target"]).clamp(0, 1),
     }
+    for stage in sorted(STAGES, key=lambda s: (s.number == 0, s.number)):  # stage 0 last, as before
+        predict = build_predictor(stage.number, cfg, ckpt, wind if stage.reads_wind else None)
+        methods[METHOD_NAMES.get(stage.number, stage.name)] = lambda b, predict=predict: predict(b).clamp(0, 1)
     results: dict[str, dict] = {}
     with torch.no_grad():
         for name, method in methods.items():
@@ -68,9 +75,9 @@ def main() -> None:
             results[name] = {k: round(v, 3) for k, v in acc.compute().items()}
             results[name]["samples_per_s"] = round(len(samples) / (time.perf_counter() - start), 1)
     training = {}
-    for n in range(4):
-        last = json.loads((args.results / f"stage{n}/metrics.jsonl").read_text().splitlines()[-1])
-        training[f"stage{n}"] = {
+    for stage in STAGES:
+        last = json.loads((ckpt[stage.number].parent / "metrics.jsonl").read_text().splitlines()[-1])
+        training[stage.name] = {
             "train_samples_per_s": round(last["samples_per_s"], 2),
             "data_wait_fraction": round(last["data_wait_fraction"], 4),
             "epoch_s": round(last["epoch_s"], 1),

@@ -1,7 +1,7 @@
 """Wind-scanner cache at TopoFlow's size: precompute time, file size, checked load time.
 
 Format 2 (no regional orders: crops and regions scan in the whole grid's orders restricted to
-their window, `vcloud.wind.cache.window_orders`), so the file holds orders + inverse only;
+their window, `vcloud.wind.scan_orders.window_orders`), so the file holds orders + inverse only;
 `window_ms` times deriving a 32x32-token crop's orders from them.
 
 Prints one JSON object, next to the anchor from the LUMI notes (seeds/004: a 6.34 MB pickle,
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vcloud.wind.cache import FORMAT_VERSION, compute_cache, load_cache, window_orders, write_cache
+from vcloud.wind.scan_orders import FORMAT_VERSION, compute_cache, load_cache, window_orders, write_cache
 
 CONFIG = {"grid_h": 64, "grid_w": 128, "sectors": 16}
 ANCHOR = {"file_mb": 6.34, "format": "pickle", "load_s_per_rank": "< 1"}

@@ -1,7 +1,7 @@
 """Does scanning by wind help? Stage 1 trained with the same budget, wind scanning on and off.
 
 Both variants share everything but `stage1.model.wind_scan` (same data, epochs, steps, seeds);
-each is scored by the pipeline's own evaluation (`vcloud.train.evaluate.evaluate`, fixed
+each is scored by the pipeline's own evaluation (`vcloud.evaluation.evaluate.evaluate`, fixed
 protocol on the test split). Prints one JSON object: PSNR per cloud class of the target-date
 input for both variants, with standard errors, and the paired difference (on - off) per class
 with its standard error (samples are the unit; each sample's difference is averaged over seeds).
@@ -75,9 +75,9 @@ def main() -> None:
 
     from vcloud.config import load_model_config
     from vcloud.data.reader import StoreReader
-    from vcloud.train.evaluate import evaluate
+    from vcloud.evaluation.evaluate import evaluate
     from vcloud.train.run import run_training
-    from vcloud.wind.cache import write_cache
+    from vcloud.wind.scan_orders import write_cache
 
     torch.set_num_threads(args.threads)
     workdir = args.workdir.resolve()
@@ -99,7 +99,8 @@ def main() -> None:
             run_training(stage=1, config_path=config, train=stores["train"], val=stores["val"],
                          out=folder / "stage1", wind_cache=cache if wind_scan else None, progress=False)  # fmt: skip
             train_s[name].append(time.perf_counter() - start)
-            report = evaluate(stage=1, store=stores["test"], out=folder / "eval.json", results=folder,
+            report = evaluate(stage=1, store=stores["test"], out=folder / "eval.json",
+                              checkpoints={1: folder / "stage1" / "best.pt"},
                               config_path=config, wind_cache=cache if wind_scan else None)  # fmt: skip
             fixed = report["protocols"]["fixed"]
             psnr[name].append(np.asarray(fixed["model"]["per_sample"]["psnr"], dtype=np.float64))

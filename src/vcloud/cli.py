@@ -13,8 +13,7 @@ from pathlib import Path
 
 from vcloud import __version__
 from vcloud.errors import EXIT_REQUEUE, StopRequested, VcloudError
-
-log = logging.getLogger("vcloud")
+from vcloud.registry import STAGE_NUMBERS, STAGES
 
 
 def _cmd_synth(args: argparse.Namespace) -> None:
@@ -44,8 +43,7 @@ def _cmd_index(args: argparse.Namespace) -> None:
             write_index(index)
         else:
             index = ensure_index(archive, index_dir=args.index_dir)
-        print(f"{archive}: {len(index.rois)} ROIs, {index.members} members, "
-              f"{index.data_bytes / 1e9:.3f} GB of images")
+        print(f"{archive}: {len(index.rois)} ROIs, {index.members} members, {index.data_bytes / 1e9:.3f} GB of images")
 
 
 def _cmd_prepare(args: argparse.Namespace) -> None:
@@ -89,7 +87,7 @@ def _cmd_verify(args: argparse.Namespace) -> None:
 
 
 def _cmd_wind_cache(args: argparse.Namespace) -> None:
-    from vcloud.wind.cache import write_cache
+    from vcloud.wind.scan_orders import write_cache
 
     write_cache(
         args.out,
@@ -119,11 +117,20 @@ def _apply_env(args: argparse.Namespace) -> None:
     env.apply(env.parse_pairs(args.env))
 
 
+def _checkpoints(args: argparse.Namespace) -> dict[int, Path]:
+    """{n: path} of the --stage<n> flags given."""
+    return {n: path for n in STAGE_NUMBERS if (path := getattr(args, f"stage{n}", None)) is not None}
+
+
+def _add_checkpoint_flags(p: argparse.ArgumentParser, stages, purpose: str) -> None:
+    for n in stages:
+        p.add_argument(f"--stage{n}", type=Path, help=f"stage {n} best.pt ({purpose})")
+
+
 def _cmd_train(args: argparse.Namespace) -> None:
     _apply_env(args)
     from vcloud.train.run import run_training
 
-    checkpoints = {n: path for n in range(3) if (path := getattr(args, f"stage{n}")) is not None}
     run_training(
         stage=args.stage,
         config_path=args.config,
@@ -131,7 +138,7 @@ def _cmd_train(args: argparse.Namespace) -> None:
         val=args.val,
         out=args.out,
         resume_dir=args.resume_dir,
-        checkpoints=checkpoints,
+        checkpoints=_checkpoints(args),
         wind_cache=args.wind_cache,
     )
 
@@ -140,8 +147,11 @@ def _warned(signum, frame) -> None:
     import os
 
     # Only a write: nothing else is safe inside a signal handler.
-    os.write(2, b"vcloud evaluate: SIGUSR1 (the wall time ends soon); evaluation cannot resume, "
-                b"so it carries on and a timeout is resubmitted by snakemake\n")
+    os.write(
+        2,
+        b"vcloud evaluate: SIGUSR1 (the wall time ends soon); evaluation cannot resume, "
+        b"so it carries on and a timeout is resubmitted by snakemake\n",
+    )
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> None:
@@ -151,13 +161,13 @@ def _cmd_evaluate(args: argparse.Namespace) -> None:
     # default, S seconds before it had to stop; it has nothing to save, so it keeps going.
     signal.signal(signal.SIGUSR1, _warned)
     _apply_env(args)
-    from vcloud.train.evaluate import evaluate
+    from vcloud.evaluation.evaluate import evaluate
 
     evaluate(
         stage=args.stage,
         store=args.store,
         out=args.out,
-        results=args.results,
+        checkpoints=_checkpoints(args),
         config_path=args.config,
         wind_cache=args.wind_cache,
         samples=args.samples,
@@ -165,7 +175,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> None:
 
 
 def _cmd_memory(args: argparse.Namespace) -> None:
-    from vcloud.runtime.memory import main as memory_main
+    from vcloud.models.memory import main as memory_main
 
     print(memory_main(args.config, args.json))
 
@@ -189,8 +199,13 @@ def _cmd_image(args: argparse.Namespace) -> None:
         raise VcloudError(f"{args.config}: cluster.env_image is null; give --out FILE.sqsh")
     if args.out is None and (problem := cluster.account_problem()):
         raise VcloudError(problem)  # cluster.env_image is under the project's /projappl
-    for line in image.build(base=cluster.image, repo=Path(__file__).resolve().parents[2], out=Path(out),
-                            runner=args.runner, dry_run=args.dry_run):
+    for line in image.build(
+        base=cluster.image,
+        repo=Path(__file__).resolve().parents[2],
+        out=Path(out),
+        runner=args.runner,
+        dry_run=args.dry_run,
+    ):
         print(line)
     if not args.dry_run:
         print(f"{out}: written ({image.version_stamp(Path('.'))}); bound by every rule at /user-software")
@@ -211,7 +226,7 @@ def _cmd_export_viewer(args: argparse.Namespace) -> None:
 
     export_viewer(
         store=args.store,
-        results=args.results,
+        checkpoints=_checkpoints(args),
         config_path=args.config,
         out=args.out,
         samples=args.samples,
@@ -266,8 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--times", type=int, default=N_TIMES, help="dates per location")
     p.add_argument("--size", type=int, default=PATCH_SIZE, help="pixels per side")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--archives", action="store_true",
-                   help="write the downloaded form: {s1,s2}_<region>[_test].tar.gz (dataset ROIs only)")
+    p.add_argument(
+        "--archives",
+        action="store_true",
+        help="write the downloaded form: {s1,s2}_<region>[_test].tar.gz (dataset ROIs only)",
+    )
     p.set_defaults(func=_cmd_synth)
 
     p = sub.add_parser("index", help="index downloaded archives once, beside them (<archive>.vcloud-index)")
@@ -278,9 +296,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_index)
 
     p = sub.add_parser("prepare", help="one raw ROI -> a prepared zarr store")
-    p.add_argument("--raw", type=Path, action="append", required=True,
-                   help="folder of downloaded archives, one archive, or an extracted tree (repeatable: "
-                        "the train and val/test roots)")
+    p.add_argument(
+        "--raw",
+        type=Path,
+        action="append",
+        required=True,
+        help="folder of downloaded archives, one archive, or an extracted tree (repeatable: "
+        "the train and val/test roots)",
+    )
     p.add_argument("--threads", type=int, default=1, help="locations prepared in parallel (one core each)")
     p.add_argument("--index-dir", type=Path, help="folder of the archives' indexes (default: beside each archive)")
     p.add_argument("--roi", required=True, help="ROIsXXXX/NNN")
@@ -306,10 +329,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("era5-wind", help="ERA5 10 m wind for every location and date of raw ROIs (network)")
     p.add_argument(
-        "--raw", type=Path, required=True, action="append",
+        "--raw",
+        type=Path,
+        required=True,
+        action="append",
         help="raw SEN12MS-CR-TS: archives folder, one archive, or extracted tree (repeat for several)",
     )
-    p.add_argument("--index-dir", type=Path, default=None, help="where the archive indexes are (default: beside each archive)")
+    p.add_argument(
+        "--index-dir", type=Path, default=None, help="where the archive indexes are (default: beside each archive)"
+    )
     p.add_argument("--roi", required=True, action="append", help="ROIsXXXX/NNN (repeat for several)")
     p.add_argument("--out", type=Path, required=True, help="FOLDER.zarr to write (one group per ROI)")
     p.add_argument("--source", default=None, help="ERA5 zarr store (default: the public ARCO-ERA5 store)")
@@ -326,29 +354,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_wind_cache)
 
     p = sub.add_parser("train", help="train one stage (resumes from latest.pt when interrupted)")
-    p.add_argument("--stage", type=int, choices=(0, 1, 2, 3), required=True)
+    p.add_argument("--stage", type=int, choices=STAGE_NUMBERS, required=True)
     p.add_argument("--config", type=Path, required=True, help="config/models/*.yaml")
     p.add_argument("--train", type=Path, required=True, help="prepared train store")
     p.add_argument("--val", type=Path, required=True, help="prepared val store")
     p.add_argument("--out", type=Path, required=True, help="stage folder: best.pt, latest.pt, metrics.jsonl")
     p.add_argument("--resume-dir", type=Path, help="folder of latest.pt (default: --out)")
-    for n in range(3):
-        p.add_argument(f"--stage{n}", type=Path, help=f"stage {n} best.pt (stages that build on it)")
+    _add_checkpoint_flags(p, sorted({n for s in STAGES for n in s.upstream}), "stages that build on it")
     p.add_argument("--wind-cache", type=Path, help="wind-scanner cache (when stage1.model.wind_scan)")
-    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                   help="set before torch starts ({node}, {user} expand); repeatable")
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set before torch starts ({node}, {user} expand); repeatable",
+    )
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("evaluate", help="a stage's metrics on a prepared store, next to baselines")
-    p.add_argument("--stage", type=int, choices=(0, 1, 2, 3), required=True)
+    p.add_argument("--stage", type=int, choices=STAGE_NUMBERS, required=True)
     p.add_argument("--store", type=Path, required=True, help="any prepared store (e.g. the test split)")
     p.add_argument("--out", type=Path, required=True, help="FILE.json to write")
-    p.add_argument("--results", type=Path, default=Path("results"), help="folder of stage<n>/best.pt")
+    _add_checkpoint_flags(p, STAGE_NUMBERS, "the ones the stage's predictor needs")
     p.add_argument("--config", type=Path, required=True, help="config/models/*.yaml the stages used")
     p.add_argument("--wind-cache", type=Path, help="wind-scanner cache (when stage1.model.wind_scan)")
     p.add_argument("--samples", type=int, help="fixed-protocol samples (default: one per clear date)")
-    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                   help="set before torch starts ({node}, {user} expand); repeatable")
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set before torch starts ({node}, {user} expand); repeatable",
+    )
     p.set_defaults(func=_cmd_evaluate)
 
     p = sub.add_parser("memory", help="memory estimate per component of the stage-1 model")
@@ -357,13 +394,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_memory)
 
     p = sub.add_parser("lumi-profile", help="generate profiles/lumi from the cluster section of config/lumi.yaml")
-    p.add_argument("--config", type=Path, default=Path("config/lumi.yaml"), help="workflow config with a cluster section")
+    p.add_argument(
+        "--config", type=Path, default=Path("config/lumi.yaml"), help="workflow config with a cluster section"
+    )
     p.add_argument("--out", type=Path, default=Path("profiles/lumi/config.yaml"))
     p.add_argument("--check", action="store_true", help="fail when the profile differs, write nothing")
     p.set_defaults(func=_cmd_lumi_profile)
 
     p = sub.add_parser("image", help="build the squashfs venv of every rule inside the CSC image (works on LUMI)")
-    p.add_argument("--config", type=Path, default=Path("config/lumi.yaml"), help="workflow config with a cluster section")
+    p.add_argument(
+        "--config", type=Path, default=Path("config/lumi.yaml"), help="workflow config with a cluster section"
+    )
     p.add_argument("--out", type=Path, help="FILE.sqsh (default: cluster.env_image)")
     p.add_argument("--runner", default="singularity", help="container runtime (singularity or apptainer)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
@@ -374,10 +415,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, help="workflow config (default: the profile's configfiles)")
     p.set_defaults(func=_cmd_doctor)
 
-
     p = sub.add_parser("export-viewer", help="quicklooks of test samples and an offline index.html")
     p.add_argument("--store", type=Path, required=True, help="prepared store (e.g. the test split)")
-    p.add_argument("--results", type=Path, default=Path("results"), help="folder of stage<n>/best.pt")
+    _add_checkpoint_flags(p, STAGE_NUMBERS, "the shown stages 1-3 read every stage's")
     p.add_argument("--config", type=Path, required=True, help="config/models/*.yaml the stages used")
     p.add_argument("--out", type=Path, required=True, help="viewer folder: index.html, images/, thumbnails.png")
     p.add_argument("--samples", type=int, default=12, help="samples to show (of the evaluation's fixed protocol)")

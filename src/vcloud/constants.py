@@ -8,12 +8,18 @@ S2_BANDS: tuple[str, ...] = (
 )  # fmt: skip
 # Sentinel-1 GRD backscatter in dB.
 S1_BANDS: tuple[str, ...] = ("VV", "VH")
+# The sample tensor x (B, T, C, H, W) holds per date the S2 bands, then the S1 bands, then the
+# cloud probability: C = 13 + 2 + 1. Models predict the S2 bands, (B, 13, H, W).
+S2_CHANNELS = slice(0, len(S2_BANDS))  # x[:, :, S2_CHANNELS]: reflectances 0..1
+S1_CHANNELS = slice(S2_CHANNELS.stop, S2_CHANNELS.stop + len(S1_BANDS))  # backscatter 0..1
+CLOUD_CHANNEL = S1_CHANNELS.stop  # x[:, :, CLOUD_CHANNEL]: cloud probability 0..1 (an index, drops C)
+SAMPLE_CHANNELS = CLOUD_CHANNEL + 1  # C of x
+OUTPUT_CHANNELS = len(S2_BANDS)  # C of a prediction and of the target
 # Index of the true-colour bands inside S2_BANDS.
 RGB_INDICES: tuple[int, int, int] = (3, 2, 1)  # B4, B3, B2
 
 N_TIMES = 30  # dates per location in the dataset
 PATCH_SIZE = 256  # pixels per side of a raw patch
-ROIS_FOLDERS: tuple[str, ...] = ("ROIs1158", "ROIs1868", "ROIs1970", "ROIs2017")
 
 # Normalisation of the reference loader (UnCRtainTS): S2 clipped to 0..10000 then /10000;
 # S1 clipped to -25..0 dB then rescaled to 0..1; NaN -> 0 after scaling.
@@ -25,6 +31,11 @@ S1_CLIP_DB = (-25.0, 0.0)
 S2CLOUDLESS_KWARGS = {"threshold": 0.4, "all_bands": True, "average_over": 4, "dilation_size": 2}
 
 CLOUD_CLASSES: tuple[str, ...] = ("clear", "thin", "thick", "opaque")
+# An image is clear below this cloud cover (masked fraction). The default of two thresholds
+# that may be set apart: data.cloud_classes.clear_max_cover of the workflow config (the class
+# written to the store) and data.clear_target_max_cover of a model config (which dates may
+# serve as ground truth).
+CLEAR_MAX_COVER = 0.05
 CLOUD_CLASS_MISSING = -1  # cloud_class value of an image that is missing or bad
 
 STORE_FORMAT_VERSION = 2  # 2: zarr v3 shards (one file per location and image variable), crc32c per chunk

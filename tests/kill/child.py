@@ -26,7 +26,7 @@ def die() -> None:
 def install(point: str, n: int, seconds: float) -> None:
     import torch
 
-    from vcloud.train import checkpoint, records, trainer
+    from vcloud.train import records, trainer
 
     count = {"n": 0}
 
@@ -56,7 +56,7 @@ def install(point: str, n: int, seconds: float) -> None:
             if dying:
                 die()
 
-        checkpoint.os.replace = replace  # the same os module everywhere: patches records too
+        os.replace = replace  # the one os module: patches every atomic write (vcloud.io)
     elif point == "validation":
         real_validate = trainer.Trainer._validate
 

@@ -32,11 +32,11 @@ SAME_KEYS = ("epoch", "loss", "lr", "best", "curriculum", "val_psnr", "val_ssim"
 # Where to die, at which occurrence within that process. Chained: each process resumes what the
 # previous one left. Writes per epoch: best.pt (when improved), latest.pt, metrics.jsonl.
 CHAIN = [
-    ("save_mid", 1),       # the first best.pt, half written
-    ("after_rename", 1),   # best.pt of epoch 0 in place, latest.pt not yet: best ahead of state
+    ("save_mid", 1),  # the first best.pt, half written
+    ("after_rename", 1),  # best.pt of epoch 0 in place, latest.pt not yet: best ahead of state
     ("before_rename", 2),  # latest.pt of epoch 0 written to its temp file, not renamed
-    ("after_rename", 2),   # epoch 0 committed, metrics.jsonl not yet rewritten
-    ("metrics", 1),        # entering the metrics write at the start of a resume
+    ("after_rename", 2),  # epoch 0 committed, metrics.jsonl not yet rewritten
+    ("metrics", 1),  # entering the metrics write at the start of a resume
     ("validation", 1),
     ("save_mid", 2),
     ("before_rename", 3),
@@ -61,9 +61,25 @@ def harness_config(tmp_path_factory):
 
 def _train(point: str, n: int, seconds: float, *, stage: int, config: Path, store: Path, out: Path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]))
-    command = [sys.executable, "-m", "tests.kill.child", point, str(n), str(seconds), "--",
-               "--stage", str(stage), "--config", str(config), "--train", str(store), "--val", str(store),
-               "--out", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "tests.kill.child",
+        point,
+        str(n),
+        str(seconds),
+        "--",
+        "--stage",
+        str(stage),
+        "--config",
+        str(config),
+        "--train",
+        str(store),
+        "--val",
+        str(store),
+        "--out",
+        str(out),
+    ]
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
 
 

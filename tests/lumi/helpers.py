@@ -28,8 +28,10 @@ def write_overlay(workdir: Path, **extra) -> tuple[Path, Cluster]:
         "paths": {"prepared": "results/prepared"},
         "cluster": {"account": TEST_ACCOUNT, "image": str(image)},
         # The test node has 2 cores: the LUMI requests (4 cores, 16 GB) would never start.
-        "resources": {rule: {"runtime": 20, "mem_mb": 2000, "threads": 1, "partition": "small"}
-                      for rule in ("synth_raw", "prepare_roi")},
+        "resources": {
+            rule: {"runtime": 20, "mem_mb": 2000, "threads": 1, "partition": "small"}
+            for rule in ("synth_raw", "prepare_roi")
+        },
         **extra,
     }
     path = workdir / "overlay.yaml"

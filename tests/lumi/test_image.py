@@ -34,8 +34,7 @@ def squashfs_tools():
 
 
 def test_commands_make_the_venv_inside_the_image_and_pack_it(tmp_path):
-    commands = image.build_commands(base="/appl/csc.sif", repo=REPO, build=tmp_path / "env",
-                                    out=tmp_path / "env.sqsh")
+    commands = image.build_commands(base="/appl/csc.sif", repo=REPO, build=tmp_path / "env", out=tmp_path / "env.sqsh")
     venv, reqs, package, smoke, pack = commands
     for command in (venv, reqs, package, smoke):
         assert command[:6] == ["singularity", "exec", "-B", f"{tmp_path / 'env'}:/user-software", "-B", str(REPO)]
@@ -80,8 +79,10 @@ def test_build_with_the_stand_in_and_real_mksquashfs_then_the_doctor_reads_the_s
 
 def test_missing_image_and_environment_are_named(tmp_path):
     problems = image.check(image=str(tmp_path / "no.sif"), env_image=str(tmp_path / "no.sqsh"), repo=REPO)
-    assert problems == [f"cluster.image: {tmp_path / 'no.sif'} not found; see the README quick start (`vcloud image`)",
-                        f"cluster.env_image: {tmp_path / 'no.sqsh'} not found; build it with `vcloud image`"]
+    assert problems == [
+        f"cluster.image: {tmp_path / 'no.sif'} not found; see the README quick start (`vcloud image`)",
+        f"cluster.env_image: {tmp_path / 'no.sqsh'} not found; build it with `vcloud image`",
+    ]
 
 
 def test_failed_step_stops_with_one_line_and_leaves_nothing(tmp_path, monkeypatch, squashfs_tools):
@@ -99,8 +100,13 @@ def test_failed_step_stops_with_one_line_and_leaves_nothing(tmp_path, monkeypatc
 
 
 def test_cli_dry_run_prints_the_commands():
-    out = subprocess.run([sys.executable, "-m", "vcloud.cli", "image", "--dry-run", "--out", "/tmp/x.sqsh"],
-                         capture_output=True, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+    out = subprocess.run(
+        [sys.executable, "-m", "vcloud.cli", "image", "--dry-run", "--out", "/tmp/x.sqsh"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO / "src")),
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith("singularity exec -B ") and "--system-site-packages /user-software/venv" in lines[0]

@@ -33,12 +33,22 @@ def test_killed_train_stage1_job_is_resubmitted_and_resumes(slurm_cluster, tmp_p
     config = {**SMALL, "model_config": str(work / "models.yaml"), "resources": SLURM_CONFIG["resources"]}
     (work / "resume.yaml").write_text(yaml.safe_dump(config))
     write_shim(tmp_path / "bin", kill_group=False)  # the job's trainer dies, not the snakemake master
-    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), KILL=str(tmp_path / "kill"))
+    env = dict(
+        os.environ,
+        PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        KILL=str(tmp_path / "kill"),
+    )
     common = ["-d", str(work), "--configfile", "resume.yaml"]
 
-    local = subprocess.run([*SNAKEMAKE, "--cores", "2", *common, "--", TARGET], cwd=work, env=env,
-                           capture_output=True, text=True, timeout=900)
+    local = subprocess.run(
+        [*SNAKEMAKE, "--cores", "2", *common, "--", TARGET],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert local.returncode == 0, (local.stdout + local.stderr)[-4000:]
     reference = torch.load(work / TARGET, weights_only=True)
     reference_rows = rows(work)
@@ -46,10 +56,32 @@ def test_killed_train_stage1_job_is_resubmitted_and_resumes(slurm_cluster, tmp_p
 
     (tmp_path / "kill").touch()
     proc = subprocess.run(
-        [*SNAKEMAKE, *common, "--executor", "slurm", "--jobs", "1", "--retries", "1", "--default-resources",
-         f"slurm_account={TEST_ACCOUNT}", "--slurm-logdir", str(work / "slurm_logs"),
-         "--slurm-keep-successful-logs", *FAST, "-R", "train_stage1", "--", TARGET],
-        cwd=work, env=env, capture_output=True, text=True, timeout=1500)
+        [
+            *SNAKEMAKE,
+            *common,
+            "--executor",
+            "slurm",
+            "--jobs",
+            "1",
+            "--retries",
+            "1",
+            "--default-resources",
+            f"slurm_account={TEST_ACCOUNT}",
+            "--slurm-logdir",
+            str(work / "slurm_logs"),
+            "--slurm-keep-successful-logs",
+            *FAST,
+            "-R",
+            "train_stage1",
+            "--",
+            TARGET,
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     assert not (tmp_path / "kill").exists()  # the first job did die
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import subprocess
 import sys
@@ -21,7 +20,6 @@ import yaml
 
 from tests.lumi.helpers import (
     REPO,
-    STAND_IN,
     TEST_ACCOUNT,
     binds_of,
     exec_calls,
@@ -49,7 +47,7 @@ SLURM_CONFIG = {
         "train_stage1": {"runtime": 31, **GPU},
         "train_stage2": {"runtime": 32, **GPU},
         "train_stage3": {"runtime": 33, **GPU},
-        "evaluate": {"runtime": 25, **dict(GPU, partition="dev-g")},
+        **{f"evaluate_stage{n}": {"runtime": 25, **dict(GPU, partition="dev-g")} for n in range(4)},
         "export_viewer": {"runtime": 16, "mem_mb": 1500, "threads": 1, "partition": "small"},
         "report_curves": {"runtime": 11, "mem_mb": 1000, "threads": 1, "partition": "small"},
         "report_tables": {"runtime": 12, "mem_mb": 1000, "threads": 1, "partition": "small"},
@@ -72,15 +70,24 @@ def slurm_cluster():
 def sacct(job_id: str) -> dict[str, str]:
     # Right after a short job ends, slurmdbd may not have its partition and limit yet.
     for _ in range(20):
-        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o",
-                              "State,Partition,Timelimit,AllocTRES,Account,NNodes"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+        out = subprocess.run(
+            ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,Partition,Timelimit,AllocTRES,Account,NNodes"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         state, partition, limit, tres, account, nodes = out.splitlines()[0].split("|")
         if partition and limit:
             break
         time.sleep(0.5)
-    return {"state": state, "partition": partition, "timelimit": limit, "tres": tres,
-            "account": account, "nodes": nodes}
+    return {
+        "state": state,
+        "partition": partition,
+        "timelimit": limit,
+        "tres": tres,
+        "account": account,
+        "nodes": nodes,
+    }
 
 
 def minutes(limit: str) -> int:
@@ -95,11 +102,30 @@ def slurm_run(slurm_cluster, tmp_path_factory):
     (work / "slurm.yaml").write_text(yaml.safe_dump(SLURM_CONFIG))
     started = time.perf_counter()
     proc = subprocess.run(
-        [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(work), "--executor", "slurm",
-         "--jobs", "4", "--configfile", "slurm.yaml", "--default-resources",
-         f"slurm_account={TEST_ACCOUNT}", "--slurm-logdir", str(work / "slurm_logs"),
-         "--slurm-keep-successful-logs", *FAST],
-        cwd=work, capture_output=True, text=True, timeout=1500)
+        [
+            *SNAKEMAKE,
+            "-s",
+            str(REPO / "Snakefile"),
+            "-d",
+            str(work),
+            "--executor",
+            "slurm",
+            "--jobs",
+            "4",
+            "--configfile",
+            "slurm.yaml",
+            "--default-resources",
+            f"slurm_account={TEST_ACCOUNT}",
+            "--slurm-logdir",
+            str(work / "slurm_logs"),
+            "--slurm-keep-successful-logs",
+            *FAST,
+        ],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     return work, time.perf_counter() - started
 
@@ -117,19 +143,22 @@ def test_every_rule_ran_as_a_slurm_job_with_its_configured_request(slurm_run):
     work, seconds = slurm_run
     jobs = job_rules(work)
     ran = sorted(jobs.values())
-    expected = (["assemble_split"] * 3 + [f"evaluate_stage{n}" for n in range(4)]
-                + ["prepare_roi"] * 4 + ["synth_raw"] + [f"train_stage{n}" for n in range(4)]
-                + ["export_viewer", "wind_cache"]  # the models scan by wind (issue 13)
-                + ["index_archive"] * 8)  # the synthetic raw data come as 8 archives (issue 14)
+    expected = (
+        ["assemble_split"] * 3
+        + [f"evaluate_stage{n}" for n in range(4)]
+        + ["prepare_roi"] * 4
+        + ["synth_raw"]
+        + [f"train_stage{n}" for n in range(4)]
+        + ["export_viewer", "wind_cache"]  # the models scan by wind (issue 13)
+        + ["index_archive"] * 8
+    )  # the synthetic raw data come as 8 archives (issue 14)
     assert ran == sorted(expected), ran
     # The report rules are local rules (seconds of work): made, but never queued.
-    for made in ("results/report/accounting.tsv", "results/report/evaluation.html",
-                 "results/report/curves/stage3.png"):
+    for made in ("results/report/accounting.tsv", "results/report/evaluation.html", "results/report/curves/stage3.png"):
         assert (work / made).is_file(), made
     for job_id, rule in jobs.items():
         acct = sacct(job_id)
-        key = "evaluate" if rule.startswith("evaluate") else rule
-        key = "prepare_roi" if rule == "index_archive" else key  # one archive pass: prepare's request
+        key = "prepare_roi" if rule == "index_archive" else rule  # one archive pass: prepare's request
         want = SLURM_CONFIG["resources"][key]
         assert acct["state"] == "COMPLETED", (rule, acct)
         assert acct["partition"] == want["partition"], (rule, acct)
@@ -148,24 +177,52 @@ def test_two_task_srun_ddp_through_the_multinode_launch_line(slurm_run, tmp_path
 
     work, _ = slurm_run
     overlay, cluster = write_overlay(tmp_path)
-    res = RuleResources(rule="train_stage0", runtime=10, mem_mb=3000, threads=1, partition="small",
-                        gpus=0, nodes=2, cpus_per_gpu=7)
+    res = RuleResources(
+        rule="train_stage0", runtime=10, mem_mb=3000, threads=1, partition="small", gpus=0, nodes=2, cpus_per_gpu=7
+    )
     line = multinode_prefix(dataclasses.replace(res, nodes=1), cluster, tasks_per_node=2)
     out = tmp_path / "ddp"
-    command = (f"{line} vcloud train --stage 0 --config {REPO / 'tests/workflow/tiny_models.yaml'}"
-               f" --train {work / 'results/prepared/train.zarr'} --val {work / 'results/prepared/val.zarr'}"
-               f" --out {out}")
+    command = (
+        f"{line} vcloud train --stage 0 --config {REPO / 'tests/workflow/tiny_models.yaml'}"
+        f" --train {work / 'results/prepared/train.zarr'} --val {work / 'results/prepared/val.zarr'}"
+        f" --out {out}"
+    )
     # As the SLURM jobstep does for a rule with an mpi resource: no SLURM_* but the job id.
     script = tmp_path / "job.sh"
-    script.write_text("#!/bin/bash\nset -euo pipefail\n"
-                      "for v in $(compgen -e | grep -E '^(SLURM_|SRUN_|SBATCH_)' | grep -v '^SLURM_JOB_ID$'); "
-                      "do unset \"$v\"; done\n" + command + "\n")
+    script.write_text(
+        "#!/bin/bash\nset -euo pipefail\n"
+        "for v in $(compgen -e | grep -E '^(SLURM_|SRUN_|SBATCH_)' | grep -v '^SLURM_JOB_ID$'); "
+        'do unset "$v"; done\n' + command + "\n"
+    )
     env = stand_in_env(tmp_path)
     env["PYTHONPATH"] = str(REPO)
-    submit = subprocess.run(["sbatch", "--parsable", "--wait", "-p", "small", "-A", TEST_ACCOUNT,
-                             "-n", "2", "-c", "1", "--mem", "3000", "-t", "10",
-                             "-o", str(tmp_path / "job.log"), str(script)],
-                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
+    submit = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--wait",
+            "-p",
+            "small",
+            "-A",
+            TEST_ACCOUNT,
+            "-n",
+            "2",
+            "-c",
+            "1",
+            "--mem",
+            "3000",
+            "-t",
+            "10",
+            "-o",
+            str(tmp_path / "job.log"),
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=900,
+    )
     log = (tmp_path / "job.log").read_text() if (tmp_path / "job.log").exists() else ""
     assert submit.returncode == 0, submit.stderr + log[-4000:]
     job_id = submit.stdout.strip().split(";")[0]
@@ -190,10 +247,27 @@ def test_lumi_profile_submits_through_slurm_into_the_image(slurm_cluster, tmp_pa
     overlay, cluster = write_overlay(tmp_path)
     env = stand_in_env(tmp_path)
     proc = subprocess.run(
-        [*SNAKEMAKE, "--profile", "lumi", "-d", str(tmp_path), "--configfile", "config/lumi.yaml",
-         str(overlay), "--apptainer-args", cluster.apptainer_args(), *FAST, "--",
-         "results/prepared/rois/ROIs1868_119.zarr"],
-        cwd=REPO, capture_output=True, text=True, env=env, timeout=900)
+        [
+            *SNAKEMAKE,
+            "--profile",
+            "lumi",
+            "-d",
+            str(tmp_path),
+            "--configfile",
+            "config/lumi.yaml",
+            str(overlay),
+            "--apptainer-args",
+            cluster.apptainer_args(),
+            *FAST,
+            "--",
+            "results/prepared/rois/ROIs1868_119.zarr",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     calls = exec_calls(tmp_path)
     commands = [call["argv"][-1] for call in calls]
@@ -241,20 +315,45 @@ def test_wall_time_warning_checkpoints_and_snakemake_resubmits_until_done(slurm_
     extra["resources"].update(
         assemble_split={"runtime": 20, "mem_mb": 1000, "threads": 1, "partition": "small"},
         # 1 min jobs, warned 20 s before the end: retries = ceil(800 x 0.5 s / 40 s) - 1 + 2 = 11.
-        train_stage0={"runtime": 1, "mem_mb_per_gpu": 1500, "threads": 1, "partition": "small-g",
-                      "gpus": 1, "cpus_per_gpu": 2, "epoch_minutes": 0.5 / 60},
+        train_stage0={
+            "runtime": 1,
+            "mem_mb_per_gpu": 1500,
+            "threads": 1,
+            "partition": "small-g",
+            "gpus": 1,
+            "cpus_per_gpu": 2,
+            "epoch_minutes": 0.5 / 60,
+        },
     )
     overlay.write_text(yaml.safe_dump(extra))
     env = stand_in_env(tmp_path)
     env["PYTHONPATH"] = str(REPO / "src")
-    base = [*SNAKEMAKE, "--profile", "lumi", "-d", str(tmp_path), "--configfile", "config/lumi.yaml",
-            str(overlay), "--apptainer-args", cluster.apptainer_args(), *FAST]
+    base = [
+        *SNAKEMAKE,
+        "--profile",
+        "lumi",
+        "-d",
+        str(tmp_path),
+        "--configfile",
+        "config/lumi.yaml",
+        str(overlay),
+        "--apptainer-args",
+        cluster.apptainer_args(),
+        *FAST,
+    ]
     stores = ["results/prepared/train.zarr", "results/prepared/val.zarr"]
-    data = subprocess.run([*base, "--executor", "local", "--cores", "2", "--", *stores],
-                          cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+    data = subprocess.run(
+        [*base, "--executor", "local", "--cores", "2", "--", *stores],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert data.returncode == 0, (data.stdout + data.stderr)[-4000:]
-    proc = subprocess.run([*base, "--", "results/stage0/best.pt"], cwd=REPO, capture_output=True,
-                          text=True, env=env, timeout=1500)
+    proc = subprocess.run(
+        [*base, "--", "results/stage0/best.pt"], cwd=REPO, capture_output=True, text=True, env=env, timeout=1500
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     jobs = sorted((tmp_path / "logs" / "slurm" / "rule_train_stage0").rglob("*.log"), key=lambda p: int(p.stem))
@@ -265,8 +364,12 @@ def test_wall_time_warning_checkpoints_and_snakemake_resubmits_until_done(slurm_
     assert all(s["partition"] == "small-g" and minutes(s["timelimit"]) == 1 for s in states)
     # The warning path: the trainer's step of an earlier job ended with exit 3 (latest.pt
     # written on SIGUSR1), and no job reran the command inside its allocation (one step each).
-    steps = {job.stem: subprocess.run(["sacct", "-n", "-P", "-j", job.stem, "-o", "JobID,ExitCode"],
-                                      capture_output=True, text=True).stdout.split() for job in jobs}
+    steps = {
+        job.stem: subprocess.run(
+            ["sacct", "-n", "-P", "-j", job.stem, "-o", "JobID,ExitCode"], capture_output=True, text=True
+        ).stdout.split()
+        for job in jobs
+    }
     assert any(f"{job.stem}.0|3:0" in steps[job.stem] for job in jobs[:-1]), steps
     assert all(not any(line.startswith(f"{job.stem}.1|") for line in steps[job.stem]) for job in jobs), steps
     rows = [json.loads(x) for x in (tmp_path / "results/stage0/metrics.jsonl").read_text().splitlines()]
@@ -275,9 +378,26 @@ def test_wall_time_warning_checkpoints_and_snakemake_resubmits_until_done(slurm_
     # exports OMP_NUM_THREADS = the rule's threads; another count changes float sums).
     ref = tmp_path / "reference"
     env["OMP_NUM_THREADS"] = str(extra["resources"]["train_stage0"]["threads"])
-    train = subprocess.run(["vcloud", "train", "--stage", "0", "--config", str(tmp_path / "models.yaml"),
-                            "--train", str(tmp_path / stores[0]), "--val", str(tmp_path / stores[1]),
-                            "--out", str(ref)], capture_output=True, text=True, env=env, timeout=600)
+    train = subprocess.run(
+        [
+            "vcloud",
+            "train",
+            "--stage",
+            "0",
+            "--config",
+            str(tmp_path / "models.yaml"),
+            "--train",
+            str(tmp_path / stores[0]),
+            "--val",
+            str(tmp_path / stores[1]),
+            "--out",
+            str(ref),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert train.returncode == 0, train.stderr[-3000:]
     got, want = _model_state(tmp_path / "results/stage0/best.pt"), _model_state(ref / "best.pt")
     assert got.keys() == want.keys()

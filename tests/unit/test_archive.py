@@ -22,7 +22,6 @@ from vcloud.data.archive import (
 from vcloud.data.layout import RoiId, dataset_region, dataset_rois
 from vcloud.data.prepare import bad_tsv_path, prepare_roi
 from vcloud.data.synthetic import default_rois, write_raw_tree
-from vcloud.errors import BadInputError
 
 ARGS = {"patches": 2, "times": 3, "size": 16, "seed": 5}
 ROIS = [RoiId("ROIs1868", 119), RoiId("ROIs1970", 119)]  # asiaEast test, europa train

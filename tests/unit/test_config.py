@@ -47,7 +47,6 @@ def test_bad_roi_name_and_policy_are_named(config):
         validate_config(config, SCHEMA)
 
 
-
 def test_fill_missing_adds_only_absent_keys_recursively(tmp_path):
     from vcloud.config import fill_missing
 
@@ -60,3 +59,13 @@ def test_fill_missing_adds_only_absent_keys_recursively(tmp_path):
         "viewer": {"samples": 12},
         "extra": None,
     }
+
+
+def test_the_old_shared_evaluate_resources_key_names_its_replacement(config):
+    config["resources"]["evaluate"] = config["resources"].pop("evaluate_stage0")
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown key resources\.evaluate \(resources\.evaluate is now "
+        r"resources\.evaluate_stage0\.\.3",
+    ):
+        validate_config(config, SCHEMA)

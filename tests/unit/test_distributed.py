@@ -22,8 +22,13 @@ def test_single_process_without_launcher_variables():
 
 
 def test_single_task_slurm_job_is_single():
-    env = {"SLURM_NTASKS": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_JOB_ID": "42",
-           "SLURM_NODELIST": "nid005001"}
+    env = {
+        "SLURM_NTASKS": "1",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_JOB_ID": "42",
+        "SLURM_NODELIST": "nid005001",
+    }
     assert d.detect(env).source == "single"
 
 
@@ -33,9 +38,18 @@ def test_torchrun_variables():
 
 
 def test_torchrun_variables_win_over_slurm():
-    env = {"RANK": "3", "WORLD_SIZE": "16", "LOCAL_RANK": "3", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234",
-           "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NODELIST": "nid[1-2]",
-           "SLURM_JOB_ID": "1"}
+    env = {
+        "RANK": "3",
+        "WORLD_SIZE": "16",
+        "LOCAL_RANK": "3",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "1234",
+        "SLURM_NTASKS": "2",
+        "SLURM_PROCID": "1",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODELIST": "nid[1-2]",
+        "SLURM_JOB_ID": "1",
+    }
     assert d.detect(env) == d.DistEnv(3, 16, 3, "10.0.0.1", 1234, "torchrun")
 
 
@@ -45,14 +59,26 @@ def test_start_script_exporting_rank_from_slurm_uses_slurm_localid():
 
 
 def test_slurm_multi_node_first_host_and_port_from_job_id():
-    env = {"SLURM_NTASKS": "16", "SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "8123456",
-           "SLURM_JOB_NODELIST": "nid[005001-005003,005007],nid006000"}
+    env = {
+        "SLURM_NTASKS": "16",
+        "SLURM_PROCID": "9",
+        "SLURM_LOCALID": "1",
+        "SLURM_JOB_ID": "8123456",
+        "SLURM_JOB_NODELIST": "nid[005001-005003,005007],nid006000",
+    }
     assert d.detect(env) == d.DistEnv(9, 16, 1, "nid005001", 29500 + 456, "slurm")
 
 
 def test_slurm_master_addr_and_port_from_environment_win():
-    env = {"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_JOB_ID": "1",
-           "SLURM_NODELIST": "nid[005001-005002]", "MASTER_ADDR": "nid009999", "MASTER_PORT": "40000"}
+    env = {
+        "SLURM_NTASKS": "2",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_JOB_ID": "1",
+        "SLURM_NODELIST": "nid[005001-005002]",
+        "MASTER_ADDR": "nid009999",
+        "MASTER_PORT": "40000",
+    }
     env_out = d.detect(env)
     assert (env_out.master_addr, env_out.master_port) == ("nid009999", 40000)
 
@@ -61,8 +87,7 @@ def test_slurm_master_addr_and_port_from_environment_win():
     ("hostlist", "expected"),
     [
         ("localhost", ["localhost"]),
-        ("nid[005001-005003,005007],nid006000",
-         ["nid005001", "nid005002", "nid005003", "nid005007", "nid006000"]),
+        ("nid[005001-005003,005007],nid006000", ["nid005001", "nid005002", "nid005003", "nid005007", "nid006000"]),
         ("nid[08-10]", ["nid08", "nid09", "nid10"]),  # the lower bound's zero padding
         ("nid[9-11]", ["nid9", "nid10", "nid11"]),
         ("a1,b[2,4],c", ["a1", "b2", "b4", "c"]),
@@ -87,16 +112,26 @@ def test_malformed_hostlist_raises(bad):
         ({"RANK": "2", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "RANK"),
         ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "LOCAL_RANK"),
         ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_PORT": "1"}, "MASTER_ADDR"),
-        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "99999"},
-         "MASTER_PORT"),
+        (
+            {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "99999"},
+            "MASTER_PORT",
+        ),
         ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK"),
         ({"SLURM_NTASKS": "two"}, "SLURM_NTASKS"),
         ({"SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_JOB_ID": "1", "SLURM_NODELIST": "n1"}, "SLURM_PROCID"),
         ({"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_JOB_ID": "1", "SLURM_NODELIST": "n1"}, "SLURM_LOCALID"),
         ({"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_JOB_ID": "1"}, "MASTER_ADDR"),
         ({"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODELIST": "n1"}, "SLURM_JOB_ID"),
-        ({"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_JOB_ID": "1",
-          "SLURM_NODELIST": "nid[1-"}, "SLURM_NODELIST"),
+        (
+            {
+                "SLURM_NTASKS": "2",
+                "SLURM_PROCID": "0",
+                "SLURM_LOCALID": "0",
+                "SLURM_JOB_ID": "1",
+                "SLURM_NODELIST": "nid[1-",
+            },
+            "SLURM_NODELIST",
+        ),
     ],
 )
 def test_missing_or_invalid_variables_name_the_variable(env, variable):
@@ -118,8 +153,7 @@ def test_single_process_helpers_need_no_process_group():
 
 
 def test_describe_names_rank_devices_and_affinity():
-    line = d.describe(d.DistEnv(1, 2, 1, "nid1", 29500, "slurm"), "cpu",
-                      environ={"ROCR_VISIBLE_DEVICES": "0,1"})
+    line = d.describe(d.DistEnv(1, 2, 1, "nid1", 29500, "slurm"), "cpu", environ={"ROCR_VISIBLE_DEVICES": "0,1"})
     assert "rank 1/2 local 1 (slurm)" in line and "ROCR_VISIBLE_DEVICES=0,1" in line
     assert "CUDA_VISIBLE_DEVICES=-" in line and "\n" not in line
     if hasattr(os, "sched_getaffinity"):
@@ -133,7 +167,7 @@ CHILD = textwrap.dedent(
     """
     import json, torch
     from vcloud.train import distributed as d
-    from vcloud.train.metrics import MetricAccumulator
+    from vcloud.evaluation.metrics import MetricAccumulator
 
     env = d.detect()
     d.init_process_group(env, device="cpu", timeout_s=30)
@@ -171,13 +205,19 @@ def test_two_process_gloo_run_wired_from_slurm_variables():
     port = _free_port_in_slurm_range()
     launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
     base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in launcher}
-    base.update(SLURM_NTASKS="2", SLURM_NODELIST="localhost", SLURM_JOB_ID=str(5_000_000 + port - 29500),
-                OMP_NUM_THREADS="1")
+    base.update(
+        SLURM_NTASKS="2", SLURM_NODELIST="localhost", SLURM_JOB_ID=str(5_000_000 + port - 29500), OMP_NUM_THREADS="1"
+    )
     if sys.platform.startswith("linux"):
         base["GLOO_SOCKET_IFNAME"] = "lo"  # stay on loopback whatever the host name resolves to
     procs = [
-        subprocess.Popen([sys.executable, "-c", CHILD], env={**base, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)},
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD],
+            env={**base, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for r in range(2)
     ]
     results = []

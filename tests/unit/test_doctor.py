@@ -39,9 +39,15 @@ def good_args(config) -> tuple[str, str]:
 
 def run(config, model_set, *, args=None, pre=None, inputs=ALL_INPUTS, overrides=None) -> Report:
     good_a, good_p = good_args(config)
-    return preflight(config, model_set, apptainer_args=good_a if args is None else args,
-                     precommand=good_p if pre is None else pre, train_inputs=inputs, memory=False,
-                     overrides=overrides)
+    return preflight(
+        config,
+        model_set,
+        apptainer_args=good_a if args is None else args,
+        precommand=good_p if pre is None else pre,
+        train_inputs=inputs,
+        memory=False,
+        overrides=overrides,
+    )
 
 
 def lumi_gpu_hours(entry: dict, *, partition_full: bool, gpus_per_node: int = 8) -> float:
@@ -59,11 +65,11 @@ def lumi_gpu_hours(entry: dict, *, partition_full: bool, gpus_per_node: int = 8)
 
 def expected_total(config) -> float:
     total = 0.0
-    for key, entry in config["resources"].items():
+    for entry in config["resources"].values():
         if not entry.get("gpus"):
             continue
         full = config["cluster"]["partitions"][entry["partition"]]["full_nodes"]
-        total += (4 if key == "evaluate" else 1) * lumi_gpu_hours(entry, partition_full=full)
+        total += lumi_gpu_hours(entry, partition_full=full)
     return total
 
 
@@ -74,17 +80,23 @@ def test_shipped_lumi_config_passes_once_account_is_set(base, model_set):
     assert any(f"total {total:.1f} GPU-h" in line for line in report.lines), report.lines
     # The field facts' example: 1 GCD, 7 cores, 60 GB for 72 h -> 36 GPU-h (not the seeds' 72).
     assert lumi_gpu_hours({"runtime": 4320, "gpus": 1, "mem_mb": 60 * 1024}, partition_full=False) == 36
-    assert any(line.lstrip().startswith("train_stage1") and "= " in line and
-               f"{lumi_gpu_hours(base['resources']['train_stage1'], partition_full=False):.1f} GPU-h" in line
-               for line in report.lines)
+    assert any(
+        line.lstrip().startswith("train_stage1")
+        and "= " in line
+        and f"{lumi_gpu_hours(base['resources']['train_stage1'], partition_full=False):.1f} GPU-h" in line
+        for line in report.lines
+    )
 
 
-@pytest.mark.parametrize("change", [
-    {"gpus": 1, "cpus_per_gpu": 16},  # the seeds' sbatch: cores decide (max(2, 1, 1))
-    {"gpus": 2, "mem_mb_per_gpu": 200000},  # memory decides
-    {"gpus": 8},  # GCDs decide; memory follows them
-    {"gpus": 4, "cpus_per_gpu": 7, "partition": "dev-g", "runtime": 180},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"gpus": 1, "cpus_per_gpu": 16},  # the seeds' sbatch: cores decide (max(2, 1, 1))
+        {"gpus": 2, "mem_mb_per_gpu": 200000},  # memory decides
+        {"gpus": 8},  # GCDs decide; memory follows them
+        {"gpus": 4, "cpus_per_gpu": 7, "partition": "dev-g", "runtime": 180},
+    ],
+)
 def test_billing_follows_lumis_formula(base, model_set, change):
     config = copy.deepcopy(base)
     config["resources"]["train_stage1"].update(change)
@@ -124,8 +136,10 @@ def test_set_resources_moves_the_doctor_and_bad_ones_are_refused(base, model_set
     config["resources"]["train_stage1"]["gpus"] = 8
     assert any(f"total {expected_total(config):.1f} GPU-h" in line for line in report.lines)
     report = run(base, model_set, overrides={"train_stage1": {"tasks_per_gpu": 1}})
-    assert report.errors == ["--set-resources train_stage1:tasks_per_gpu: vcloud sets the task geometry "
-                             "itself; change gpu, nodes or cpus_per_gpu (or resources.train_stage1) instead"]
+    assert report.errors == [
+        "--set-resources train_stage1:tasks_per_gpu: vcloud sets the task geometry "
+        "itself; change gpu, nodes or cpus_per_gpu (or resources.train_stage1) instead"
+    ]
 
 
 def test_retries_cover_the_epochs(base, model_set):
@@ -155,13 +169,16 @@ def test_rocm_is_refused(base, model_set):
     assert len(report.errors) == 1 and "--rocm" in report.errors[0]
 
 
-@pytest.mark.parametrize("missing", ["/opt/cray/libfabric", "/scratch/project_465000123",
-                                     "/projappl/project_465000123", "/flash/project_465000123"])
+@pytest.mark.parametrize(
+    "missing",
+    ["/opt/cray/libfabric", "/scratch/project_465000123", "/projappl/project_465000123", "/flash/project_465000123"],
+)
 def test_each_missing_bind_is_named(base, model_set, missing):
     args = " ".join(f"-B {p}" for p in Cluster.from_config(base).binds if p != missing)
     report = run(base, model_set, args=args)
-    assert report.errors == [f"apptainer-args: bind {missing} missing (cluster.binds; "
-                             "regenerate the profile with `vcloud lumi-profile`)"]
+    assert report.errors == [
+        f"apptainer-args: bind {missing} missing (cluster.binds; regenerate the profile with `vcloud lumi-profile`)"
+    ]
 
 
 def test_bind_parsing_accepts_lists_and_destinations():
@@ -180,18 +197,27 @@ def test_placeholder_account(base, model_set):
     assert len(report.errors) == 1 and report.errors[0].startswith("cluster.account:")
 
 
-@pytest.mark.parametrize("change,expected", [
-    ({"cpus_per_gpu": 1}, "resources.train_stage1.cpus_per_gpu: 1 x 1 = 1 core; a GPU rule needs 2"),
-    ({"runtime": 4321}, "resources.train_stage1.runtime: 3-00:01:00 is above the small-g limit"),
-    ({"partition": "standard-g", "gpus": 8, "runtime": 2881}, "resources.train_stage1.runtime: 2-00:01:00 is above the standard-g"),
-    ({"partition": "small"}, "resources.train_stage1.gpus: small has no GPUs"),
-    ({"partition": "standard-g", "gpus": 1, "runtime": 2880}, "resources.train_stage1.gpus: standard-g allocates and bills whole nodes"),
-    ({"gpus": 9}, "resources.train_stage1.gpus: 9 per node, but a small-g node has 8 GCDs"),
-    ({"nodes": 2, "gpus": 8}, "resources.train_stage1.nodes: 2 nodes do not fit small-g"),
-    ({"partition": "gpu-a100"}, "resources.train_stage1.partition: 'gpu-a100' is not one of"),
-    ({"cpus_per_gpu": 8, "gpus": 8}, "resources.train_stage1.cpus_per_gpu: 8 x 8 GCDs"),
-    ({"gpus": 0}, "resources.train_stage1.gpus: 0 on the GPU partition small-g"),
-])
+@pytest.mark.parametrize(
+    "change,expected",
+    [
+        ({"cpus_per_gpu": 1}, "resources.train_stage1.cpus_per_gpu: 1 x 1 = 1 core; a GPU rule needs 2"),
+        ({"runtime": 4321}, "resources.train_stage1.runtime: 3-00:01:00 is above the small-g limit"),
+        (
+            {"partition": "standard-g", "gpus": 8, "runtime": 2881},
+            "resources.train_stage1.runtime: 2-00:01:00 is above the standard-g",
+        ),
+        ({"partition": "small"}, "resources.train_stage1.gpus: small has no GPUs"),
+        (
+            {"partition": "standard-g", "gpus": 1, "runtime": 2880},
+            "resources.train_stage1.gpus: standard-g allocates and bills whole nodes",
+        ),
+        ({"gpus": 9}, "resources.train_stage1.gpus: 9 per node, but a small-g node has 8 GCDs"),
+        ({"nodes": 2, "gpus": 8}, "resources.train_stage1.nodes: 2 nodes do not fit small-g"),
+        ({"partition": "gpu-a100"}, "resources.train_stage1.partition: 'gpu-a100' is not one of"),
+        ({"cpus_per_gpu": 8, "gpus": 8}, "resources.train_stage1.cpus_per_gpu: 8 x 8 GCDs"),
+        ({"gpus": 0}, "resources.train_stage1.gpus: 0 on the GPU partition small-g"),
+    ],
+)
 def test_partition_limits(base, model_set, change, expected):
     config = copy.deepcopy(base)
     config["resources"]["train_stage1"].update(change)
@@ -206,16 +232,20 @@ def test_multinode_on_standard_g_passes(base, model_set):
     report = run(config, model_set)
     assert report.errors == []
     want = lumi_gpu_hours(config["resources"]["train_stage1"], partition_full=True)  # 4 x 4 x 48 h
-    assert any(line.lstrip().startswith("train_stage1") and f"{want:.1f} GPU-h" in line
-               and "4 x 4 nodes" in line for line in report.lines)
+    assert any(
+        line.lstrip().startswith("train_stage1") and f"{want:.1f} GPU-h" in line and "4 x 4 nodes" in line
+        for line in report.lines
+    )
 
 
 def test_budget_exceeded(base, model_set):
     config = copy.deepcopy(base)
     config["cluster"]["gpu_hour_budget"] = 100
     report = run(config, model_set)
-    assert report.errors == [f"cluster.gpu_hour_budget: the requested wall times need "
-                             f"{expected_total(config):.0f} GPU-h, more than the budget of 100"]
+    assert report.errors == [
+        f"cluster.gpu_hour_budget: the requested wall times need "
+        f"{expected_total(config):.0f} GPU-h, more than the budget of 100"
+    ]
 
 
 def test_distributed_wind_scan_without_cache_input(base, model_set):
@@ -225,8 +255,10 @@ def test_distributed_wind_scan_without_cache_input(base, model_set):
     scanning = dataclasses.replace(model_set, stage1=dataclasses.replace(model_set.stage1, model=wind))
     inputs = dict(ALL_INPUTS, train_stage2={"train", "val"})
     report = run(config, scanning, inputs=inputs)
-    assert report.errors == ["train_stage2: 8 ranks scan by wind but the rule does not take the "
-                             "wind cache (results/wind/scan_orders.npz) as input"]
+    assert report.errors == [
+        "train_stage2: 8 ranks scan by wind but the rule does not take the "
+        "wind cache (results/wind/scan_orders.npz) as input"
+    ]
     calm = dataclasses.replace(model_set.stage1.model, wind_scan=False)
     no_scan = dataclasses.replace(model_set, stage1=dataclasses.replace(model_set.stage1, model=calm))
     assert run(config, no_scan, inputs=inputs).errors == []  # no wind scan: no cache needed
@@ -244,15 +276,27 @@ def test_memory_above_one_gcd(base, model_set):
 @pytest.mark.skipif(shutil.which("vcloud") is None, reason="vcloud not installed")
 def test_cli_exits_nonzero_with_one_line_per_problem(tmp_path):
     """The shipped placeholder account fails the pre-flight from the command line."""
-    out = subprocess.run(["vcloud", "doctor", "--profile", str(REPO / "profiles" / "lumi"),
-                          "--config", str(REPO / "config" / "lumi.yaml")],
-                         capture_output=True, text=True, cwd=REPO)
+    out = subprocess.run(
+        [
+            "vcloud",
+            "doctor",
+            "--profile",
+            str(REPO / "profiles" / "lumi"),
+            "--config",
+            str(REPO / "config" / "lumi.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert out.returncode == 2
     errors = [line for line in out.stdout.splitlines() if line.startswith("error:")]
     image = "/appl/local/csc/soft/ai/images/pytorch_2.5.1_lumi_rocm6.2.4_flash-attn-3.0.0.post1.sif"
     env = "/projappl/project_465XXXXXX/vcloud/vcloud-env.sqsh"
-    assert errors == ["error: cluster.account: 'project_465XXXXXX' is a placeholder; set your LUMI "
-                      "project (e.g. project_465000123) in config/lumi.yaml",
-                      f"error: cluster.image: {image} not found; see the README quick start (`vcloud image`)",
-                      f"error: cluster.env_image: {env} not found; build it with `vcloud image`"]
+    assert errors == [
+        "error: cluster.account: 'project_465XXXXXX' is a placeholder; set your LUMI "
+        "project (e.g. project_465000123) in config/lumi.yaml",
+        f"error: cluster.image: {image} not found; see the README quick start (`vcloud image`)",
+        f"error: cluster.env_image: {env} not found; build it with `vcloud image`",
+    ]
     assert "stage-1 memory estimate" in out.stdout and "GPU-h budget" in out.stdout

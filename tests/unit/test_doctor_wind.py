@@ -40,8 +40,10 @@ def test_every_distributed_scanning_stage_needs_the_cache_as_input(lumi, full, s
     inputs = dict(WITH_CACHE, **{f"train_stage{stage}": {"train", "val"}})
     report = Report()
     check_wind(config, full, inputs, report)
-    assert report.errors == [f"train_stage{stage}: 8 ranks scan by wind but the rule does not take "
-                             "the wind cache (results/wind/scan_orders.npz) as input"]
+    assert report.errors == [
+        f"train_stage{stage}: 8 ranks scan by wind but the rule does not take "
+        "the wind cache (results/wind/scan_orders.npz) as input"
+    ]
 
 
 def test_wind_scan_without_any_wind_is_flagged(lumi, full):

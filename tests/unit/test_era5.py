@@ -17,7 +17,7 @@ from vcloud.data.era5 import ARCO_ERA5, U10, V10, WindNeed, _frame, _roi_grid, w
 from vcloud.data.layout import RoiId
 from vcloud.data.prepare import prepare_roi
 from vcloud.data.store import open_store
-from vcloud.data.wind import WindSource
+from vcloud.data.wind_values import WindSource
 
 from ..conftest import TINY, TINY_ROIS
 
@@ -76,7 +76,7 @@ def run_cli(raw, out, source, rois=TINY_ROIS):
 
 def test_wind_needs_lists_every_location_and_date(tiny_raw_master, needs):
     from vcloud.data.geotiff import read_image
-    from vcloud.data.wind import centre_lonlat
+    from vcloud.data.wind_values import centre_lonlat
 
     need = needs[0]
     assert need.roi == TINY_ROIS[0] and need.lonlat.shape == (TINY["patches"], 2)
@@ -87,7 +87,9 @@ def test_wind_needs_lists_every_location_and_date(tiny_raw_master, needs):
     np.testing.assert_allclose(need.lonlat[1], centre_lonlat(georef, TINY["size"]))
 
 
-def test_rule_command_then_prepare_interpolates_to_a_hand_computed_value(tiny_raw_master, needs, arco, tmp_path, capsys):
+def test_rule_command_then_prepare_interpolates_to_a_hand_computed_value(
+    tiny_raw_master, needs, arco, tmp_path, capsys
+):
     out = tmp_path / "resources/wind/era5_u10v10.zarr"
     assert run_cli(tiny_raw_master, out, arco) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

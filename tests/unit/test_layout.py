@@ -77,7 +77,7 @@ def test_pairing_ignores_listing_order(tiny_raw, monkeypatch):
             path.rename(path.with_name(path.name.replace("_patch_1.tif", "_patch_10.tif")))
     images = scan_roi(tiny_raw, roi, times=TINY["times"]).images
     assert {(p if p != 1 else 10, t) for p, t in reference} == set(images)
-    for (patch, t), pair in images.items():
+    for (patch, _t), pair in images.items():
         assert pair["s1"].patch == pair["s2"].patch == patch
 
 

@@ -52,8 +52,12 @@ def test_default_config_has_no_cluster_and_runs_plain():
     assert Cluster.from_config(config) is None
     res = RuleResources.from_config(config, "train_stage1")
     out = slurm_resources(res, None)
-    assert out == {"runtime": res.runtime, "mem_mb": res.mem_mb, "slurm_partition": "small",
-                   "cpus_per_task": res.threads}
+    assert out == {
+        "runtime": res.runtime,
+        "mem_mb": res.mem_mb,
+        "slurm_partition": "small",
+        "cpus_per_task": res.threads,
+    }
     assert launch_prefix(res, None) == ""
     assert not uses_container(res, None)
 
@@ -82,8 +86,10 @@ def test_one_node_several_gcds_uses_torchrun_standalone_once(lumi_config, cluste
     res = dataclasses.replace(RuleResources.from_config(lumi_config, "train_stage1"), gpus=8)
     srun = launch_prefix(res, cluster).split("; ")[-1]
     assert srun.startswith("srun --nodes=1 --ntasks-per-node=1 --gpus-per-node=8 --cpus-per-task=56 ")
-    assert srun.endswith(" python3 -m vcloud.runtime.launch --ignore-usr1 "
-                         "torchrun --standalone --nnodes=1 --nproc-per-node=8 --no-python")
+    assert srun.endswith(
+        " python3 -m vcloud.runtime.launch --ignore-usr1 "
+        "torchrun --standalone --nnodes=1 --nproc-per-node=8 --no-python"
+    )
     one = launch_prefix(dataclasses.replace(res, gpus=1), cluster).split("; ")[-1]
     assert one.startswith("srun --nodes=1 --ntasks-per-node=1 --gpus-per-node=1 --cpus-per-task=7 ")
     assert one.endswith(cluster.image) and "torchrun" not in one
@@ -92,15 +98,29 @@ def test_one_node_several_gcds_uses_torchrun_standalone_once(lumi_config, cluste
     assert launch_prefix(res, None) == "torchrun --standalone --nnodes=1 --nproc-per-node=8 --no-python"
 
 
+# The LUMI-G topology, written out independently of the masks (LUMI AI guide chapter 5, FIELD-FACTS.md):
+# GCD g sits next to the L3 region (CCD) CCD_OF_GCD[g] of 8 cores, whose first core is reserved.
+CCD_OF_GCD = (6, 7, 2, 3, 0, 1, 4, 5)
+
+
+def test_cpu_masks_give_each_gcd_the_seven_usable_cores_next_to_it():
+    cores = [{bit for bit in range(64) if int(mask, 16) >> bit & 1} for mask in LUMI_CPU_MASKS]
+    assert cores == [set(range(8 * ccd + 1, 8 * ccd + 8)) for ccd in CCD_OF_GCD]
+    assert sorted(set().union(*cores)) == [c for c in range(64) if c % 8]  # 56 usable, none shared
+
+
 def test_multinode_line_geometry_masks_binds_image(lumi_config, cluster):
     line = launch_prefix(multinode(lumi_config), cluster)
     srun = line.split("; ")[-1]
     assert srun.startswith("srun --nodes=2 --ntasks-per-node=8 --gpus-per-node=8 ")
     # Seed 003: GCD 0 next to cores 49-55 (fe000000000000), GCD 1 next to 57-63, ...
     assert f"--cpu-bind=mask_cpu:{','.join(LUMI_CPU_MASKS)}" in srun
-    assert LUMI_CPU_MASKS[:2] == ("0xfe000000000000", "0xfe00000000000000")
-    for path in ("/opt/cray/libfabric", "/scratch/project_465000123",
-                 "/projappl/project_465000123", "/flash/project_465000123"):
+    for path in (
+        "/opt/cray/libfabric",
+        "/scratch/project_465000123",
+        "/projappl/project_465000123",
+        "/flash/project_465000123",
+    ):
         assert f"-B {path}" in srun
     assert "--rocm" not in line
     assert srun.endswith("singularity exec " + cluster.apptainer_args() + " " + cluster.image)
@@ -127,20 +147,26 @@ def test_multinode_line_runs_master_from_squeue_not_nodelist(tmp_path, lumi_conf
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     _stub(bin_dir, "squeue", 'echo "nid[005001-005002]"\n')
-    _stub(bin_dir, "scontrol", '[[ "$1 $2" == "show hostnames" ]] && '
-                               'printf "%s\\n" nid005001 nid005002\n')
+    _stub(bin_dir, "scontrol", '[[ "$1 $2" == "show hostnames" ]] && printf "%s\\n" nid005001 nid005002\n')
     # srun: drop its options, run the rest once (one task is enough to see the wiring).
-    _stub(bin_dir, "srun", 'while [[ "$1" == --* ]]; do echo "$1" >> "$SRUN_LOG"; shift; done\n'
-                           'exec "$@"\n')
+    _stub(bin_dir, "srun", 'while [[ "$1" == --* ]]; do echo "$1" >> "$SRUN_LOG"; shift; done\nexec "$@"\n')
     image = tmp_path / "image.sif"
     image.write_text("")
     cl = dataclasses.replace(cluster, image=str(image))
     line = multinode_prefix(multinode(lumi_config), cl)
-    environ = {"PATH": f"{bin_dir}:{STAND_IN}:{os.environ['PATH']}", "SLURM_JOB_ID": "1234567",
-               "SRUN_LOG": str(tmp_path / "srun.log"),
-               "VCLOUD_APPTAINER_LOG": str(tmp_path / "apptainer.jsonl")}
-    out = subprocess.run(["bash", "-c", line + ' bash -c \'echo "$MASTER_ADDR:$MASTER_PORT"\''],
-                         env=environ, capture_output=True, text=True, check=True)
+    environ = {
+        "PATH": f"{bin_dir}:{STAND_IN}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": "1234567",
+        "SRUN_LOG": str(tmp_path / "srun.log"),
+        "VCLOUD_APPTAINER_LOG": str(tmp_path / "apptainer.jsonl"),
+    }
+    out = subprocess.run(
+        ["bash", "-c", line + " bash -c 'echo \"$MASTER_ADDR:$MASTER_PORT\"'"],
+        env=environ,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "nid005001:30067"  # 29500 + 1234567 % 1000
     calls = [json.loads(x) for x in (tmp_path / "apptainer.jsonl").read_text().splitlines()]
     assert calls[0]["argv"][0] == "exec" and str(image) in calls[0]["argv"]
@@ -176,8 +202,10 @@ def test_pylibs_alternative_goes_on_pythonpath_and_path(cluster):
     assert env["SINGULARITYENV_PREPEND_PATH"] == "/projappl/project_465000123/pylibs/bin"
 
 
-@pytest.mark.parametrize("account,ok", [("project_465XXXXXX", False), ("project_465000123", True),
-                                        ("465000123", False), ("<your project>", False)])
+@pytest.mark.parametrize(
+    "account,ok",
+    [("project_465XXXXXX", False), ("project_465000123", True), ("465000123", False), ("<your project>", False)],
+)
 def test_account_placeholder(cluster, account, ok):
     problem = dataclasses.replace(cluster, account=account).account_problem()
     assert (problem is None) == ok
@@ -225,6 +253,7 @@ def test_image_requirements_cover_the_package_dependencies():
     """containers/ installs every runtime dependency the CSC image lacks (not torch/numpy,
     which are the image's own, nor snakemake, which runs on the host)."""
     import re
+
     import tomllib
 
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
@@ -253,9 +282,14 @@ def sbatch_line(out: dict, threads: int) -> str:
     from snakemake_executor_plugin_slurm.utils import set_gres_string
 
     job = SimpleNamespace(resources=_Res(out), threads=threads)
-    params = {"run_uuid": "vcloud_x", "slurm_logfile": "log", "comment_str": "rule_x",
-              "account": f"-A {out['slurm_account']}", "partition": f"-p {out['slurm_partition']}",
-              "workdir": None}
+    params = {
+        "run_uuid": "vcloud_x",
+        "slurm_logfile": "log",
+        "comment_str": "rule_x",
+        "account": f"-A {out['slurm_account']}",
+        "partition": f"-p {out['slurm_partition']}",
+        "workdir": None,
+    }
     return get_submit_command(job, params) + set_gres_string(job)  # as the plugin's run_job
 
 
@@ -281,10 +315,12 @@ def test_sbatch_geometry_of_the_8_gcd_and_multinode_rules(lumi_config, cluster):
 def test_set_resources_refuses_geometry_and_follows_gpu(lumi_config):
     res = RuleResources.from_config(lumi_config, "train_stage1")
     assert res.with_overrides({"gpu": "8"}).gpus == 8
-    for bad, match in (({"tasks": 8}, "train_stage1:tasks: vcloud sets the task geometry"),
-                       ({"gpu": 12, "nodes": 8}, "gpu=12: not a multiple of the 8 nodes"),
-                       ({"gpu": "many"}, "gpu='many': expected a whole number"),
-                       ({"mem": "60G"}, "train_stage1:mem: not followed")):
+    for bad, match in (
+        ({"tasks": 8}, "train_stage1:tasks: vcloud sets the task geometry"),
+        ({"gpu": 12, "nodes": 8}, "gpu=12: not a multiple of the 8 nodes"),
+        ({"gpu": "many"}, "gpu='many': expected a whole number"),
+        ({"mem": "60G"}, "train_stage1:mem: not followed"),
+    ):
         with pytest.raises(ConfigError, match=match):
             res.with_overrides(bad)
 
@@ -294,10 +330,17 @@ def test_launch_wrapper_ignores_usr1_across_exec(tmp_path):
     stays ignored across exec); without it the same child dies of it."""
     import signal
 
-    child = [sys.executable, "-c", "import os, signal, time; os.kill(os.getpid(), signal.SIGUSR1); "
-             "time.sleep(0.2); print('alive')"]
-    out = subprocess.run([sys.executable, "-m", "vcloud.runtime.launch", "--ignore-usr1", *child],
-                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    child = [
+        sys.executable,
+        "-c",
+        "import os, signal, time; os.kill(os.getpid(), signal.SIGUSR1); time.sleep(0.2); print('alive')",
+    ]
+    out = subprocess.run(
+        [sys.executable, "-m", "vcloud.runtime.launch", "--ignore-usr1", *child],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )
     assert out.returncode == 0 and out.stdout.strip() == "alive"
     bare = subprocess.run(child, capture_output=True, text=True)
     assert bare.returncode == -signal.SIGUSR1
@@ -310,26 +353,36 @@ def test_epoch_time_is_measured_from_metrics_and_retries_cover_it():
     assert measured_epoch_minutes(rows + ['{"epoch": 4, "wall']) == 10.0  # torn last line ignored
     assert measured_epoch_minutes(rows[:1]) == 500 / 60
     assert measured_epoch_minutes([]) is None
-    assert retries_needed(epochs=100, epoch_minutes=27, runtime=4320, signal_seconds=300,
-                          restart_minutes=10, spare=2) == 2  # one job holds the stage
-    assert retries_needed(epochs=100, epoch_minutes=27, runtime=180, signal_seconds=300,
-                          restart_minutes=10, spare=2) == 17 - 1 + 2  # 2700 min / 165 min
+    assert (
+        retries_needed(epochs=100, epoch_minutes=27, runtime=4320, signal_seconds=300, restart_minutes=10, spare=2) == 2
+    )  # one job holds the stage
+    assert (
+        retries_needed(epochs=100, epoch_minutes=27, runtime=180, signal_seconds=300, restart_minutes=10, spare=2)
+        == 17 - 1 + 2
+    )  # 2700 min / 165 min
     with pytest.raises(ConfigError, match="no training time"):
         retries_needed(epochs=1, epoch_minutes=1, runtime=10, signal_seconds=300, restart_minutes=10, spare=0)
 
 
 def test_evaluate_survives_the_wall_time_warning(tmp_path):
     """SIGUSR1 during `vcloud evaluate` is noted, not fatal (it has no state to save)."""
-    code = ("import os, signal, sys\n"
-            "import vcloud.cli as cli\n"
-            "def fake(args):\n"
-            "    import signal as s\n"
-            "    os.kill(os.getpid(), s.SIGUSR1)\n"
-            "    print('still running')\n"
-            "import vcloud.train.evaluate as ev\n"
-            "ev.evaluate = lambda **kw: fake(None)\n"
-            "sys.exit(cli.main(['evaluate', '--stage', '0', '--store', 'x', '--out', 'y', '--config', 'z']))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
-                         env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    code = (
+        "import os, signal, sys\n"
+        "import vcloud.cli as cli\n"
+        "def fake(args):\n"
+        "    import signal as s\n"
+        "    os.kill(os.getpid(), s.SIGUSR1)\n"
+        "    print('still running')\n"
+        "import vcloud.evaluation.evaluate as ev\n"
+        "ev.evaluate = lambda **kw: fake(None)\n"
+        "sys.exit(cli.main(['evaluate', '--stage', '0', '--store', 'x', '--out', 'y', '--config', 'z']))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )
     assert out.returncode == 0 and out.stdout.strip() == "still running", out.stderr
     assert "SIGUSR1 (the wall time ends soon)" in out.stderr

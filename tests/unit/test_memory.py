@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from vcloud.config import Optimisations, load_model_config
+from vcloud.models import memory
 from vcloud.models.cfdt import CFDT
-from vcloud.runtime import memory
 
 ROOT = Path(__file__).parents[2]
 SMALL = ROOT / "config/models/small.yaml"
@@ -135,9 +135,7 @@ SIZE = 32  # gate_resolution 16 quarters the gate; 24 date pairs, chunks of 5
 def with_optimisations(cfg, **changes):
     """The small configuration with other configured optimisations (a 32-pixel gate needs 16)."""
     optimisations = dataclasses.replace(cfg.stage1.model.optimisations, **changes)
-    stage1 = dataclasses.replace(
-        cfg.stage1, model=dataclasses.replace(cfg.stage1.model, optimisations=optimisations)
-    )
+    stage1 = dataclasses.replace(cfg.stage1, model=dataclasses.replace(cfg.stage1.model, optimisations=optimisations))
     return dataclasses.replace(cfg, stage1=stage1)
 
 
@@ -157,7 +155,9 @@ def test_estimate_matches_real_cpu_saved_bytes(small, model, bf16):
         assert fake["saved_for_backward_bytes"] == pytest.approx(real, rel=0.01), name
         assert fake["saved_for_backward_bf16_fraction"] == pytest.approx(real_bf16, abs=0.01), name
         if bf16 and name == "none":
-            assert real_bf16 > 0.95  # autocast stores bf16, in the estimate as on the CPU
+            # autocast stores bf16, in the estimate as on the CPU; the cloud prior's composite
+            # (cfdt.cloud_prior) is float32 on purpose, about 6 % of the saved bytes at 32 px
+            assert real_bf16 > 0.9
         if bf16 == scenario["bf16"]:
             assert scenario["saved_for_backward_bytes"] == pytest.approx(real, rel=0.01), name
 
@@ -182,9 +182,7 @@ def test_optimisation_reduces_saved_bytes(small, model, name, bf16, optimisation
     fake_before = estimated(small.stage1.model, BASE, bf16=False, size=SIZE)
     fake_after = estimated(small.stage1.model, optimisations, bf16=bf16, size=SIZE)
     assert real_after < 0.75 * real_before, name
-    assert (
-        fake_after["saved_for_backward_bytes"] < 0.75 * fake_before["saved_for_backward_bytes"]
-    ), name
+    assert fake_after["saved_for_backward_bytes"] < 0.75 * fake_before["saved_for_backward_bytes"], name
     assert fake_after["saved_for_backward_bytes"] == pytest.approx(real_after, rel=0.01)
     if name == "gate_resolution":
         gate = [r["kept_by_component"]["change_gate"] for r in (fake_before, fake_after)]
@@ -200,9 +198,7 @@ def test_optimisation_reduces_saved_bytes(small, model, name, bf16, optimisation
         (
             "target_only_pyramid",
             Optimisations(grad_checkpoint=True, gate_resolution=16, gate_chunk=5),
-            Optimisations(
-                grad_checkpoint=True, gate_resolution=16, gate_chunk=5, target_only_pyramid=True
-            ),
+            Optimisations(grad_checkpoint=True, gate_resolution=16, gate_chunk=5, target_only_pyramid=True),
             "forward_working_set_bytes",
         ),
         ("gate_chunk", BASE, Optimisations(gate_chunk=5), "backward_working_set_bytes"),
@@ -214,9 +210,7 @@ def test_optimisation_reduces_saved_bytes(small, model, name, bf16, optimisation
         ),
     ],
 )
-def test_optimisation_keeps_saved_bytes_and_shrinks_the_working_set(
-    small, model, name, before, after, working_set
-):
+def test_optimisation_keeps_saved_bytes_and_shrinks_the_working_set(small, model, name, before, after, working_set):
     batch = real_batch(SIZE)
     model.optimisations = before
     real_before, _ = measured_saved(model, batch, bf16=False)
@@ -224,9 +218,7 @@ def test_optimisation_keeps_saved_bytes_and_shrinks_the_working_set(
     real_after, _ = measured_saved(model, batch, bf16=False)
     assert real_after == pytest.approx(real_before, rel=0.001), name
     fake = [estimated(small.stage1.model, o, bf16=False, size=SIZE) for o in (before, after)]
-    assert fake[1]["saved_for_backward_bytes"] == pytest.approx(
-        fake[0]["saved_for_backward_bytes"], rel=0.001
-    )
+    assert fake[1]["saved_for_backward_bytes"] == pytest.approx(fake[0]["saved_for_backward_bytes"], rel=0.001)
     assert fake[1][working_set] < 0.9 * fake[0][working_set], name
     real = [traced_real(model, o, batch, bf16=False) for o in (before, after)]
     assert real[1][working_set] < 0.9 * real[0][working_set], name
@@ -242,12 +234,8 @@ def test_target_only_pyramid_alone_changes_nothing(small, model):
 
 
 def test_estimator_scenarios_toggle_one_optimisation_each(small):
-    full = dataclasses.replace(
-        small.stage1.model.optimisations, gate_resolution=None, gate_chunk=None
-    )
-    stage1 = dataclasses.replace(
-        small.stage1, model=dataclasses.replace(small.stage1.model, optimisations=full)
-    )
+    full = dataclasses.replace(small.stage1.model.optimisations, gate_resolution=None, gate_chunk=None)
+    stage1 = dataclasses.replace(small.stage1, model=dataclasses.replace(small.stage1.model, optimisations=full))
     table = memory.scenarios(stage1)
     assert table["none"] == (False, Optimisations())
     bf16, every = table["all"]
@@ -264,7 +252,5 @@ def test_estimator_scenarios_toggle_one_optimisation_each(small):
         )
         assert switched == [name]
         bf16, without = table[f"without_{name}"]
-        missing = [k for k, v in dataclasses.asdict(without).items() if v in (False, None)] + (
-            [] if bf16 else ["bf16"]
-        )
+        missing = [k for k, v in dataclasses.asdict(without).items() if v in (False, None)] + ([] if bf16 else ["bf16"])
         assert missing == [name]

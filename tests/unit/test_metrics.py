@@ -13,7 +13,7 @@ from torchmetrics.functional.image import (
     structural_similarity_index_measure,
 )
 
-from vcloud.train import metrics as m
+from vcloud.evaluation import metrics as m
 
 C1, C2 = 0.01**2, 0.03**2
 
@@ -118,7 +118,14 @@ def _torchmetrics_ssim_padding() -> str:
 def test_ssim_matches_torchmetrics_with_its_padding():
     pred, target = _pair()
     theirs = structural_similarity_index_measure(
-        pred, target, gaussian_kernel=True, sigma=1.5, kernel_size=11, data_range=1.0, k1=0.01, k2=0.03,
+        pred,
+        target,
+        gaussian_kernel=True,
+        sigma=1.5,
+        kernel_size=11,
+        data_range=1.0,
+        k1=0.01,
+        k2=0.03,
         reduction="none",
     )
     torch.testing.assert_close(m.ssim(pred, target, padding=_torchmetrics_ssim_padding()), theirs)

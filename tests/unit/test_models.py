@@ -13,7 +13,7 @@ from vcloud.config import Optimisations, load_model_config
 from vcloud.models.autoencoder import Autoencoder
 from vcloud.models.cfdt import CFDT
 from vcloud.models.refiner import DiffusionSchedule, Refiner, ddim_sample, refiner_condition
-from vcloud.wind.cache import compute_cache
+from vcloud.wind.scan_orders import compute_cache
 
 ROOT = Path(__file__).parents[2]
 B, T, SIZE = 2, 4, 32
@@ -148,9 +148,7 @@ def test_gradients_reach_every_parameter(small):
     for name, model, out in outputs_of_every_model(small):
         weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
         (out * weights).sum().backward()
-        missing = [
-            n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0
-        ]
+        missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
         assert not missing, f"{name}: no gradient for {missing}"
 
 
@@ -170,9 +168,7 @@ def test_wind_scan_without_sectors_is_no_reordering(small):
     with torch.no_grad():
         none = model(x, days, target_index)
         torch.testing.assert_close(none, model(x, days, target_index, torch.tensor([-1, -1])))
-        assert not torch.allclose(
-            none, model(x, days, target_index, torch.tensor([2, 5])), atol=1e-4
-        )
+        assert not torch.allclose(none, model(x, days, target_index, torch.tensor([2, 5])), atol=1e-4)
 
 
 # --- the memory optimisations leave the output alone ------------------------------------------
@@ -324,3 +320,73 @@ def test_wind_cfdt_on_a_crop_mixes_along_the_window_orders(small):
         windy = model(x, days, target_index, torch.tensor([2, 5]))
     assert calm.shape == windy.shape == (B, 13, SIZE, SIZE)
     assert not torch.allclose(calm, windy, atol=1e-4)
+
+
+def _dates(values, probs, size=8):
+    """x (1, T, 16, size, size): date t's S2 bands all `values[t]`, its cloud probability `probs[t]`."""
+    x = torch.zeros(1, len(values), 16, size, size)
+    for t, (value, prob) in enumerate(zip(values, probs)):
+        x[0, t, :13] = value
+        x[0, t, -1] = prob
+    return x
+
+
+def test_clear_sky_prior_prefers_a_clear_date_far_away_to_a_cloudy_date_nearby():
+    from vcloud.models.cfdt import clear_composite
+
+    # target (cloudy, 0.8), a date 5 days away half covered (0.5), a clear date 300 days away
+    x = _dates([0.9, 0.6, 0.2], [0.8, 0.5, 0.0])
+    composite = clear_composite(x)  # no days: nothing decays with time
+    assert torch.allclose(composite, torch.full_like(composite, 0.2), atol=0.01), composite.mean()
+
+
+def test_clear_sky_prior_distrusts_the_shadow_of_a_cloudy_date():
+    from vcloud.models.cfdt import clear_composite
+
+    # Date 0: a cloud over the left half (p = 1) and its shadow over the right half, which the
+    # detector misses (p = 0): dark ground there. Date 1: clear everywhere.
+    x = _dates([0.05, 0.3], [0.0, 0.0])
+    x[0, 0, -1, :, :4] = 1.0
+    x[0, 0, :13, :, :4] = 0.5
+    composite = clear_composite(x)
+    shadowed = composite[..., 4:]
+    assert torch.allclose(shadowed, torch.full_like(shadowed, 0.3), atol=0.01), shadowed.mean()
+
+
+def test_learned_date_logits_move_the_prior():
+    from vcloud.models.cfdt import clear_composite
+
+    x = _dates([0.2, 0.6], [0.1, 0.1])  # equally cloudy: an even mix
+    assert torch.allclose(clear_composite(x), torch.full((1, 13, 8, 8), 0.4), atol=1e-5)
+    logits = torch.zeros(1, 2, 8, 8)
+    logits[:, 1, :, 4:] = 10.0  # the gate trusts date 1 on the right half
+    mixed = clear_composite(x, date_logits=logits)
+    assert torch.allclose(mixed[..., :4], torch.full_like(mixed[..., :4], 0.4), atol=1e-5)
+    assert torch.allclose(mixed[..., 4:], torch.full_like(mixed[..., 4:], 0.6), atol=1e-3)
+
+
+def test_cfdt_draft_starts_from_the_prior_with_the_gate_logits(small):
+    from vcloud.models.cfdt import clear_composite
+
+    model = make_cfdt(small).eval()
+    x, days, target_index = cfdt_batch()
+    with torch.no_grad():
+        model.decoder.head[-1].weight.zero_()  # no learned correction: the draft is the prior
+        logits = model.gate(x, target_index, logits=True)
+        draft = model(x, days, target_index)
+        torch.testing.assert_close(draft, clear_composite(x, date_logits=logits[:, :, 0]))
+        torch.testing.assert_close(torch.sigmoid(logits), model.gate(x, target_index))
+        assert not torch.allclose(draft, clear_composite(x), atol=1e-4)  # the logits count
+
+
+def test_token_grid_is_the_cfdt_coarsest_level():
+    from vcloud.models.grid import token_grid, token_stride
+
+    assert token_stride((8, 16, 32, 64)) == 8
+    assert token_stride((8,)) == 1
+    assert token_grid((8, 16, 32), 256, 64) == (64, 16)
+    with pytest.raises(ValueError, match="multiples of 8"):
+        token_grid((8, 16, 32, 64), 256, 100)
+    cfg = load_model_config(ROOT / "config/models/small.yaml")
+    model = CFDT(cfg.stage1.model)
+    assert model.downsample == token_stride(cfg.stage1.model.widths)

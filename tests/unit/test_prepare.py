@@ -4,14 +4,12 @@ import csv
 import shutil
 
 import numpy as np
-
-from vcloud.constants import STORE_FORMAT_VERSION
 import pytest
 import tifffile
 import zarr
 
 from vcloud.cli import main
-from vcloud.constants import CLOUD_CLASSES, S1_CLIP_DB
+from vcloud.constants import CLOUD_CLASSES, S1_CLIP_DB, STORE_FORMAT_VERSION
 from vcloud.data.geotiff import GeoRef, read_image, write_image
 from vcloud.data.layout import RoiId, parse_name
 from vcloud.data.prepare import bad_tsv_path, prepare_roi
@@ -135,7 +133,9 @@ def _inf(raw):
 
 def _all_nan(raw):
     path = _s1_file(raw)
-    write_image(path, np.full((2, TINY["size"], TINY["size"]), np.nan, np.float32), GeoRef(32632, (0, 10, 0, 0, 0, -10)))
+    write_image(
+        path, np.full((2, TINY["size"], TINY["size"]), np.nan, np.float32), GeoRef(32632, (0, 10, 0, 0, 0, -10))
+    )
     return path, "every pixel is NaN"
 
 

@@ -28,15 +28,32 @@ def test_read_metrics_keeps_the_last_record_of_a_repeated_epoch(tmp_path):
         read_metrics(tmp_path / "missing.jsonl")
 
 
-def test_plot_curves_writes_a_png_even_for_a_metric_never_recorded(tmp_path):
+def test_plot_curves_draws_each_recorded_metric_and_marks_the_missing_one(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
     from PIL import Image
 
+    figures, close = [], plt.close
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to look at what it draws
     path = tmp_path / "metrics.jsonl"
     path.write_text("\n".join(json.dumps({"epoch": e, "loss": 1 / (e + 1), "val_psnr": 20 + e}) for e in range(3)))
     plot_curves(path, tmp_path / "out/stage1.png", title="stage1")  # no samples_per_s
+    (fig,) = figures
+    loss, psnr, speed = fig.axes
+    assert loss.lines[0].get_xydata().tolist() == [[1, 1.0], [2, 0.5], [3, 1 / 3]]  # epochs from 1
+    assert psnr.lines[0].get_xydata().tolist() == [[1, 20], [2, 21], [3, 22]]
+    assert [ax.get_title() for ax in fig.axes] == ["training loss", "validation PSNR (dB)", "samples/s"]
+    assert not speed.lines and [t.get_text() for t in speed.texts] == ["not recorded"]
+    assert fig.get_suptitle() == f"stage1 (3 epochs, {path})"
+    close(fig)
     image = Image.open(tmp_path / "out/stage1.png")
     assert image.format == "PNG" and image.size == (1100, 320)
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["stage1.png"]  # no temp file left
+    first = (tmp_path / "out/stage1.png").read_bytes()
+    plot_curves(path, tmp_path / "out/stage1.png", title="stage1")
+    assert (tmp_path / "out/stage1.png").read_bytes() == first  # reproducible: no timestamp inside
 
 
 def test_accounting_turns_benchmarks_into_wall_cpu_and_gpu_hours(tmp_path):
@@ -49,7 +66,7 @@ def test_accounting_turns_benchmarks_into_wall_cpu_and_gpu_hours(tmp_path):
     resources = {
         "prepare_roi": {"threads": 2, "gpus": 0, "nodes": 1},
         "train_stage1": {"threads": 56, "gpus": 8, "nodes": 2},
-        "evaluate": {"threads": 1},  # evaluate_stage<n> share it; gpus and nodes default to 0 and 1
+        "evaluate_stage1": {"threads": 1},  # gpus and nodes default to 0 and 1
     }
     costs = accounting(bench, resources, tsv=tmp_path / "acc.tsv", page=tmp_path / "acc.html")
     by_rule = {c.rule: c for c in costs}
@@ -69,7 +86,14 @@ def test_accounting_turns_benchmarks_into_wall_cpu_and_gpu_hours(tmp_path):
 def test_accounting_counts_a_rule_without_resources_as_one_thread_and_names_it(tmp_path):
     _bench(tmp_path / "b/wind_cache", "x", 7200)
     (cost,) = accounting(tmp_path / "b", {}, tsv=tmp_path / "a.tsv", page=tmp_path / "a.html")
-    assert (cost.rule, cost.stage, cost.threads, cost.cpu_h, cost.gpu_h, cost.assumed) == ("wind_cache", "data", 1, 2.0, 0.0, True)
+    assert (cost.rule, cost.stage, cost.threads, cost.cpu_h, cost.gpu_h, cost.assumed) == (
+        "wind_cache",
+        "data",
+        1,
+        2.0,
+        0.0,
+        True,
+    )
     assert "No resources entry for wind_cache" in (tmp_path / "a.html").read_text()
 
 
@@ -81,10 +105,11 @@ def test_accounting_names_a_bad_benchmark_file(tmp_path):
     assert not (tmp_path / "a.tsv").exists()
 
 
-def test_resources_of_falls_back_to_the_rule_family():
-    resources = {"evaluate": {"threads": 1}, "train_stage0": {"threads": 2}}
+def test_resources_of_is_the_entry_named_like_the_rule():
+    resources = {"evaluate_stage3": {"threads": 1}, "train_stage0": {"threads": 2}}
     assert resources_of("evaluate_stage3", resources) == {"threads": 1}
     assert resources_of("train_stage0", resources) == {"threads": 2}
+    assert resources_of("evaluate_stage0", resources) is None  # no family fallback
     assert resources_of("wind_cache", resources) is None
 
 
@@ -132,8 +157,12 @@ def test_accounting_bills_what_lumi_bills_for_each_jobs_resources(tmp_path):
     resources = {}
     for res, part in ((train, small_g), (prep, small)):
         bill = billing(res, part)
-        resources[res.rule] = {"threads": res.threads, "gpus": res.gpus, "nodes": 1,
-                               "billing": {"unit": bill.unit, "per_hour": bill.per_hour}}
+        resources[res.rule] = {
+            "threads": res.threads,
+            "gpus": res.gpus,
+            "nodes": 1,
+            "billing": {"unit": bill.unit, "per_hour": bill.per_hour},
+        }
     costs = {c.rule: c for c in accounting(bench, resources, tsv=tmp_path / "a.tsv", page=tmp_path / "a.html")}
     # LUMI: 0.5 x max(ceil(28 / 8), ceil(240000 / 65536), 4 GCDs) = 2 GPU-h per hour, for 2 h.
     assert costs["train_stage1"].gpu_h == 0.5 * max(math.ceil(28 / 8), math.ceil(240000 / 65536), 4) * 2

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from vcloud.constants import CLOUD_CLASSES
+from vcloud.constants import CLOUD_CHANNEL, CLOUD_CLASSES, S1_CHANNELS, S2_CHANNELS, SAMPLE_CHANNELS
 from vcloud.data import cloudsim
 from vcloud.data.samples import ClearImages, CloudySamples, EpochSampler, UnlabelledSamples, _pick_dates
 
@@ -61,7 +61,7 @@ def test_samples_are_a_function_of_the_index(tiny_store):
     assert item["x"].shape == (3, 16, 16, 16) and item["target"].shape == (13, 16, 16)
     t = int(item["target_index"])
     assert item["days"][t] == 0 and torch.all(item["days"][1:] >= item["days"][:-1])
-    assert not torch.equal(item["x"][t, :13], item["target"])  # the cloud is on the input only
+    assert not torch.equal(item["x"][t, S2_CHANNELS], item["target"])  # the cloud is on the input only
     assert int(item["cloud_class"]) == 2  # thick
 
 
@@ -97,11 +97,12 @@ def test_epoch_concat_passes_the_epoch_to_each_part(tiny_store):
 def _old_cloudy_item(ds: CloudySamples, index: int) -> dict:
     """CloudySamples.__getitem__ as it was before the raw path (legacy zarr reader, numpy)."""
     from vcloud.data.reader import StoreReader as LegacyReader
-    from vcloud.data.samples import _stack
+    from vcloud.data.samples import detected_probability, stack_sample
+    from vcloud.data.store import CLOUD_PROB_SCALE
 
     reader = LegacyReader(ds.reader.path)
     rng, epoch = ds._rng(index)
-    location, target_t, dates, target_index, kind = ds._pick(rng, epoch)
+    location, target_t, dates, target_index, kind = ds._pick(rng, epoch, index)
     ys, xs = ds._window(rng)
     sample = reader.read(location, dates)
     s2 = sample.s2[:, :, ys, xs]
@@ -110,8 +111,8 @@ def _old_cloudy_item(ds: CloudySamples, index: int) -> dict:
     s2 = s2.copy()
     s2[target_index] = cloudsim.apply(truth, opacity, shadow)
     prob = np.nan_to_num(sample.cloud_prob[:, ys, xs], nan=1.0)
-    prob[target_index] = opacity
-    item = _stack(s2, sample.s1[:, :, ys, xs], prob, reader.date_s2[location, dates], target_index)
+    prob[target_index] = detected_probability(s2[target_index]) / np.float32(CLOUD_PROB_SCALE)
+    item = stack_sample(s2, sample.s1[:, :, ys, xs], prob, reader.date_s2[location, dates], target_index)
     item["wind"] = torch.from_numpy(reader.wind[location, target_t])
     item["target"] = torch.from_numpy(np.ascontiguousarray(truth))
     item["cloud_class"] = torch.tensor(CLOUD_CLASSES.index(kind))
@@ -120,7 +121,7 @@ def _old_cloudy_item(ds: CloudySamples, index: int) -> dict:
 
 
 def _assert_same(old: dict, new: dict) -> None:
-    assert set(old) == set(new), (set(old) ^ set(new))
+    assert set(old) == set(new), set(old) ^ set(new)
     for key in old:
         assert old[key].dtype == new[key].dtype and old[key].shape == new[key].shape, key
         assert torch.equal(old[key], new[key]) or (
@@ -160,3 +161,78 @@ def test_reflectance_above_int16_survives_the_trip():
 
     s2 = np.array([[[0, 9999, 10000, 32768, 65535]]], np.uint16)
     assert torch.equal(_reflectance(_bits(s2)), torch.from_numpy(normalise_s2(s2)))
+
+
+def test_target_cloud_probability_is_the_detectors_not_the_synthetic_opacity(tiny_store):
+    """No oracle: the target's probability channel is s2cloudless on the clouded image."""
+    from vcloud.data.clouds import cloud_probability
+    from vcloud.data.store import CLOUD_PROB_SCALE
+
+    ds = CloudySamples(tiny_store, dates=3, length=6, seed=5, clear_max_cover=1.01, kinds=("thin", "thick", "opaque"))
+    for i in range(6):
+        item = ds[i]
+        rng, epoch = ds._rng(i)
+        *_, kind = ds._pick(rng, epoch, i)
+        ds._window(rng)
+        opacity, _ = cloudsim.simulate(rng, item["target"].shape[1:], kind)
+        t = int(item["target_index"])
+        prob = item["x"][t, -1].numpy()
+        assert torch.equal(item["target_prob"], item["x"][t, -1])
+        assert not np.allclose(prob, opacity, atol=0.02), kind  # not the synthetic opacity
+        clouded = np.round(item["x"][t, :13].numpy() * 10000).astype(np.uint16)
+        expected = np.round(cloud_probability(clouded[None], num_threads=1)[0] * CLOUD_PROB_SCALE) / CLOUD_PROB_SCALE
+        np.testing.assert_allclose(prob, expected, atol=1e-6)  # the detector, at the store's scale
+        if kind == "opaque":
+            assert prob.mean() > 0.5  # and the detector sees the cloud
+
+
+def test_fixed_kinds_show_every_clear_target_once_per_kind(tiny_store):
+    kinds = ("thin", "thick", "opaque")
+    ds = CloudySamples(tiny_store, dates=2, seed=3, clear_max_cover=1.01, kinds=kinds)
+    assert len(ds) == 3 * len(ds.targets)
+    pairs = []
+    for i in range(len(ds)):
+        rng, epoch = ds._rng(i)
+        location, target_t, _, _, kind = ds._pick(rng, epoch, i)
+        pairs.append((location, target_t, kind))
+    expected = {(int(loc), int(t), k) for loc, t in ds.targets for k in kinds}
+    assert len(set(pairs)) == len(pairs) and set(pairs) == expected
+    shorter = CloudySamples(tiny_store, dates=2, length=4, seed=3, clear_max_cover=1.01, kinds=kinds)
+    assert torch.equal(shorter[2]["x"], ds[2]["x"])  # sample i does not depend on the length
+
+
+def test_detected_probability_of_a_stored_image_is_its_stored_probability(tiny_store):
+    """Pixels a synthetic cloud leaves untouched keep the stored probability: it is the same."""
+    from vcloud.data.samples import detected_probability
+    from vcloud.data.shards import ShardReader
+    from vcloud.data.store import normalise_s2
+
+    reader = ShardReader(tiny_store)
+    images = reader.read_raw(0, list(range(reader.shape[1])))
+    for t in np.flatnonzero(reader.valid_s2[0]):
+        stored = images.cloud_prob[t]
+        np.testing.assert_array_equal(detected_probability(normalise_s2(images.s2[t])), stored)
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_sample_tensor_layout_is_the_named_channel_slices(tiny_store, raw):
+    """x[:, S2_CHANNELS] is the store's S2, S1_CHANNELS its S1, CLOUD_CHANNEL the probability."""
+    from torch.utils.data import default_collate
+
+    from vcloud.data.samples import finish_batch
+    from vcloud.data.store import normalise_s1, normalise_s2
+
+    ds = CloudySamples(tiny_store, dates=3, length=4, seed=2, clear_max_cover=1.01, kinds=("thick",), raw=raw)
+    batch = finish_batch(default_collate([ds[i] for i in range(4)]))
+    x = batch["x"]
+    assert x.shape[2] == SAMPLE_CHANNELS == 16
+    rows = torch.arange(len(x))
+    slot = batch["target_index"]
+    torch.testing.assert_close(x[rows, slot][:, S1_CHANNELS], batch["target_s1"])
+    torch.testing.assert_close(x[rows, slot][:, CLOUD_CHANNEL], batch["target_prob"])
+    # A date other than the target carries the store's own images, untouched.
+    reader, (location, _, dates, target_index, _) = ds.reader, ds.pick(0)
+    other = next(i for i in range(len(dates)) if i != target_index)
+    images = reader.read_raw(location, [dates[other]])
+    np.testing.assert_allclose(x[0, other, S2_CHANNELS].numpy(), normalise_s2(images.s2)[0], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(x[0, other, S1_CHANNELS].numpy(), normalise_s1(images.s1)[0], rtol=0, atol=1e-6)

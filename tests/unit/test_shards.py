@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from torch.utils.data import DataLoader
 
 from vcloud.cli import main
@@ -146,7 +145,9 @@ def test_verify_lists_every_damaged_chunk_and_exits_non_zero(damaged, capsys):
     assert any("s2 of location ROIs1868_119_p0" in line and "(t=0): checksum mismatch" in line for line in lines)
     assert any("s2 of location ROIs1868_119_p1" in line and "(t=2): checksum mismatch" in line for line in lines)
     assert any("cloud_prob of location ROIs1868_119_p1 at every date: shard file missing" in line for line in lines)
-    assert captured.err.strip().splitlines() == [f"vcloud verify: error: {damaged}: 4 damaged (listed above); prepare the ROI again"]
+    assert captured.err.strip().splitlines() == [
+        f"vcloud verify: error: {damaged}: 4 damaged (listed above); prepare the ROI again"
+    ]
     assert len(verify(damaged)) == 4
 
 

@@ -10,7 +10,7 @@ from vcloud.train import stages
 
 
 def _cfg(small):
-    data = dataclasses.replace(small.data, crop=16, clear_max_cover=1.01, samples_per_epoch=4, val_samples=2)
+    data = dataclasses.replace(small.data, crop=16, clear_target_max_cover=1.01, samples_per_epoch=4, val_samples=2)
     # Normalisation is what is tested here; wind scanning (on in small.yaml) needs a cache file.
     model = dataclasses.replace(small.stage1.model, wind_scan=False)
     stage1 = dataclasses.replace(small.stage1, model=model)
@@ -28,7 +28,9 @@ def test_stage_sees_normalised_batches_from_raw_loaders(tiny_store, small, one_t
     loss = task.loss(task.model, raw)
     assert len(seen) == 1  # exactly one normalisation per batch
     torch.manual_seed(0)
-    expected = torch.nn.functional.l1_loss(stages._draft(task.model, finish_batch(raw)), finish_batch(raw)["target"])
+    expected = torch.nn.functional.l1_loss(
+        stages.cfdt_draft(task.model, finish_batch(raw)), finish_batch(raw)["target"]
+    )
     assert torch.equal(loss, expected)
     task.validate(task.model, default_collate([task.val_set[0]]))
     assert len(seen) == 2

@@ -109,7 +109,7 @@ def test_dates_spread_over_the_year_and_s1_stays_within_days_of_s2(small):
 def test_images_have_raw_dtypes_bands_size_and_side_by_side_georeferencing(small):
     size = SMALL["size"]
     nan_images = 0
-    for (kind, rois, roi, patch, t), path in _images(small).items():
+    for (kind, _rois, _roi, patch, _t), path in _images(small).items():
         if kind == "s2":
             data, georef = read_image(path, bands=13, size=size, dtype=np.uint16)
             assert data.max() > 0

@@ -4,6 +4,7 @@ import json
 import math
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,11 +13,12 @@ from torch import nn
 from vcloud.config import DataConfig, TrainConfig
 from vcloud.data.samples import ClearImages
 from vcloud.errors import ConfigError, StopRequested
+from vcloud.evaluation.metrics import compute_all
 from vcloud.train import checkpoint as ckpt
 from vcloud.train.distributed import DistEnv
-from vcloud.train.metrics import compute_all
-from vcloud.train.trainer import StageTask, Trainer, TrainingDiverged, check_precision, loader_kwargs
+from vcloud.train.trainer import StageTask, Trainer, TrainingDiverged, loader_kwargs
 
+ROOT = Path(__file__).parents[2]
 SINGLE = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="", master_port=0, source="single")
 DATA = DataConfig(input_dates=2, num_workers=0, samples_per_epoch=6, val_samples=2)
 
@@ -77,6 +79,13 @@ def test_uninterrupted_run_writes_checkpoints_and_metrics(reference):
     for key in ("loss", "val_psnr", "val_ssim", "val_sam", "samples_per_s", "peak_memory_mb", "epoch_s"):
         assert all(math.isfinite(line[key]) for line in lines), key
     assert lines[-1]["loss"] < lines[0]["loss"]  # it learns
+
+
+def test_logged_lr_follows_the_warmup_cosine_schedule(reference):
+    from vcloud.train.optim import warmup_cosine
+
+    factor = warmup_cosine(3 * 3)  # 6 samples / batch 2 = 3 steps per epoch, 3 epochs
+    assert [row["lr"] for row in _rows(reference)] == pytest.approx([1e-2 * factor(3 * (e + 1)) for e in range(3)])
 
 
 @pytest.mark.parametrize("stop_at", [1, 3, 7])  # mid-epoch, end of epoch 0 boundary, epoch 2
@@ -163,15 +172,42 @@ def test_nan_loss_stops_with_stage_epoch_step_and_keeps_the_last_checkpoint(tiny
     assert ckpt.load_checkpoint(tmp_path / "latest.pt")["epoch"] == 1
 
 
-def test_grad_scaler_with_bf16_is_refused():
-    with pytest.raises(ConfigError, match="bf16 and grad_scaler are both true"):
-        check_precision(TrainConfig(epochs=1, batch_size=1, lr=1.0, bf16=True, grad_scaler=True), 1)
-    check_precision(TrainConfig(epochs=1, batch_size=1, lr=1.0, bf16=True), 1)
+def test_grad_scaler_is_no_longer_a_key(tmp_path):
+    """bf16 needs no GradScaler and fp16 is not supported: the key is refused as unknown."""
+    import yaml
+
+    from vcloud.config import load_model_config
+
+    models = yaml.safe_load((ROOT / "config/models/small.yaml").read_text())
+    models["stage0"]["train"]["grad_scaler"] = False  # even off
+    bad = tmp_path / "small.yaml"
+    bad.write_text(yaml.safe_dump(models))
+    with pytest.raises(ConfigError, match=r"unknown key stage0\.train\.grad_scaler"):
+        load_model_config(bad)
 
 
-def test_bf16_autocast_trains_on_cpu(tiny_store, tmp_path):
-    _trainer(tiny_store, tmp_path, epochs=1, bf16=True).fit()
-    assert ckpt.load_checkpoint(tmp_path / "latest.pt")["finished"]
+def _conv_dtypes(trainer):
+    seen = []
+    trainer.model[0].register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    return seen
+
+
+def test_bf16_autocast_trains_on_cpu_in_bf16_with_fp32_weights(tiny_store, tmp_path):
+    bf16 = _trainer(tiny_store, tmp_path / "bf16", epochs=1, bf16=True)
+    seen = _conv_dtypes(bf16)
+    bf16.fit()
+    assert seen and set(seen) == {torch.bfloat16}  # the forward ran under autocast
+    fp32 = _trainer(tiny_store, tmp_path / "fp32", epochs=1)
+    seen32 = _conv_dtypes(fp32)
+    fp32.fit()
+    assert set(seen32) == {torch.float32}
+    a, b = _weights(tmp_path / "bf16" / "latest.pt"), _weights(tmp_path / "fp32" / "latest.pt")
+    assert all(v.dtype == torch.float32 for v in a.values())  # master weights stay fp32
+    torch.manual_seed(0)
+    initial = _task(tiny_store).model.state_dict()
+    assert not torch.equal(a["0.weight"], initial["0.weight"])  # bf16 steps changed the weights
+    assert not torch.equal(a["0.weight"], b["0.weight"])  # and not as fp32 steps do
+    torch.testing.assert_close(a["0.weight"], b["0.weight"], atol=2e-2, rtol=0)  # yet close
 
 
 def test_multiprocessing_loader_options_only_with_workers(tiny_store):

@@ -87,7 +87,7 @@ def tiny_checkpoints(tmp_path_factory, one_thread):
 
     root = tmp_path_factory.mktemp("viewer")
     models = yaml.safe_load((ROOT / "tests/workflow/tiny_models.yaml").read_text())
-    models["data"]["clear_max_cover"] = 1.01  # every date of the tiny store may be a target
+    models["data"]["clear_target_max_cover"] = 1.01  # every date of the tiny store may be a target
     models["stage1"]["model"]["wind_scan"] = False  # the viewer with wind: the shared pipeline run
     (root / "models.yaml").write_text(yaml.safe_dump(models))
     cfg = load_model_config(root / "models.yaml")
@@ -101,12 +101,15 @@ def tiny_checkpoints(tmp_path_factory, one_thread):
     }
     for stage, state in weights.items():
         (root / f"results/stage{stage}").mkdir(parents=True)
-        save_checkpoint(root / f"results/stage{stage}/best.pt", {**checkpoint_meta(stage=stage, config_hash="t"), "model": state})
+        save_checkpoint(
+            root / f"results/stage{stage}/best.pt", {**checkpoint_meta(stage=stage, config_hash="t"), "model": state}
+        )
     return root
 
 
 def _export(root, store, out, samples=3):
-    return export_viewer(store=store, results=root / "results", config_path=root / "models.yaml", out=out,
+    checkpoints = {n: root / f"results/stage{n}/best.pt" for n in range(4)}
+    return export_viewer(store=store, checkpoints=checkpoints, config_path=root / "models.yaml", out=out,
                          samples=samples, seed=0)  # fmt: skip
 
 
@@ -142,11 +145,11 @@ def test_export_is_byte_identical_and_replaces_a_previous_one(tiny_checkpoints, 
 
 def test_cli_export_viewer_names_a_missing_checkpoint_in_one_line(tiny_store, tmp_path, capsys):
     from vcloud.cli import main
-
-    from vcloud.wind.cache import write_cache
+    from vcloud.wind.scan_orders import write_cache
 
     write_cache(tmp_path / "w.npz", grid_h=4, grid_w=4, sectors=8)  # tiny_models.yaml scans by wind
-    status = main(["export-viewer", "--store", str(tiny_store), "--results", str(tmp_path / "nothing"),
+    flags = [a for n in range(4) for a in (f"--stage{n}", str(tmp_path / f"nothing/stage{n}/best.pt"))]
+    status = main(["export-viewer", "--store", str(tiny_store), *flags,
                    "--config", str(ROOT / "tests/workflow/tiny_models.yaml"), "--out", str(tmp_path / "v"),
                    "--wind-cache", str(tmp_path / "w.npz")])  # fmt: skip
     err = capsys.readouterr().err.strip()
@@ -158,5 +161,5 @@ def test_export_refuses_zero_samples(tiny_store, tmp_path):
     from vcloud.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--samples: 0"):
-        export_viewer(store=tiny_store, results=tmp_path, config_path=tmp_path / "x.yaml", out=tmp_path / "v",
+        export_viewer(store=tiny_store, checkpoints={}, config_path=tmp_path / "x.yaml", out=tmp_path / "v",
                       samples=0, seed=0)  # fmt: skip

@@ -11,7 +11,7 @@ import pytest
 
 from vcloud.cli import main
 from vcloud.errors import BadInputError, ConfigError
-from vcloud.wind.cache import (
+from vcloud.wind.scan_orders import (
     FORMAT_VERSION,
     TIE_RULE,
     compute_cache,
@@ -85,9 +85,7 @@ def test_inverse_composes_to_identity(topoflow):
 @pytest.mark.parametrize("delta", [1e-12, -1e-12])
 def test_orders_are_stable_under_angle_perturbation(sectors, delta):
     for angle in sector_angles(sectors):
-        np.testing.assert_array_equal(
-            global_order(64, 128, angle + delta), global_order(64, 128, angle)
-        )
+        np.testing.assert_array_equal(global_order(64, 128, angle + delta), global_order(64, 128, angle))
 
 
 def test_axis_aligned_and_diagonal_ties_on_3x4_by_hand():
@@ -248,7 +246,7 @@ def test_edited_meta_layout_fails_the_checksum(tmp_path):
 
 
 def test_inverse_that_is_not_the_inverse_is_refused_even_with_a_valid_checksum(tmp_path):
-    from vcloud.wind.cache import _checksum  # a buggy writer would sign its own mistake
+    from vcloud.wind.scan_orders import _checksum  # a buggy writer would sign its own mistake
 
     path = tmp_path / "w.npz"
     write_cache(path, **SMALL)
@@ -307,11 +305,22 @@ def test_format_version_1_cache_is_refused_with_one_line(tmp_path):
     # A cache written before regional orders were dropped: v1 meta, four arrays.
     path = tmp_path / "scan_orders.npz"
     orders = compute_cache(**SMALL).orders.astype(np.uint8)
-    meta = {"format": "vcloud-wind-cache", "format_version": 1, "grid": [4, 8], "sectors": 8,
-            "regions": [2, 2], "checksum_sha256": "0" * 64}
-    np.savez_compressed(path, orders=orders, inverse=np.argsort(orders, axis=1).astype(np.uint8),
-                        regional_orders=np.zeros((4, 8, 8), np.uint8),
-                        regional_inverse=np.zeros((4, 8, 8), np.uint8), meta=np.array(json.dumps(meta)))
+    meta = {
+        "format": "vcloud-wind-cache",
+        "format_version": 1,
+        "grid": [4, 8],
+        "sectors": 8,
+        "regions": [2, 2],
+        "checksum_sha256": "0" * 64,
+    }
+    np.savez_compressed(
+        path,
+        orders=orders,
+        inverse=np.argsort(orders, axis=1).astype(np.uint8),
+        regional_orders=np.zeros((4, 8, 8), np.uint8),
+        regional_inverse=np.zeros((4, 8, 8), np.uint8),
+        meta=np.array(json.dumps(meta)),
+    )
     with pytest.raises(ConfigError) as err:
         load_cache(path, **SMALL)
     message = str(err.value)
@@ -358,7 +367,7 @@ def test_single_process_recomputes_only_when_allowed(tmp_path, caplog):
     path = tmp_path / "missing.npz"
     with pytest.raises(BadInputError, match="not found"):
         get_scan_orders(path, **SMALL, world_size=1, allow_recompute=False)
-    with caplog.at_level(logging.WARNING, logger="vcloud.wind.cache"):
+    with caplog.at_level(logging.WARNING, logger="vcloud.wind.scan_orders"):
         cache = get_scan_orders(path, **SMALL, world_size=1, allow_recompute=True)
     assert "computing scan orders in memory" in caplog.text
     np.testing.assert_array_equal(cache.orders, compute_cache(**SMALL).orders)

@@ -16,14 +16,14 @@ import yaml
 
 from vcloud.data.prepare import prepare_roi
 from vcloud.train.stages import wind_sectors
-from vcloud.wind.cache import write_cache
+from vcloud.wind.scan_orders import write_cache
 
 from ..conftest import TINY, TINY_ROIS
 from .test_distributed import _free_port_in_slurm_range
 
 MODELS = {
     "name": "tiny-wind",
-    "data": {"input_dates": 2, "crop": None, "samples_per_epoch": 4, "val_samples": 2, "clear_max_cover": 1.01},
+    "data": {"input_dates": 2, "crop": None, "samples_per_epoch": 4, "val_samples": 2, "clear_target_max_cover": 1.01},
     "stage0": {"model": {"widths": [8, 8], "latent_channels": 4}, "train": {"epochs": 1, "batch_size": 2, "lr": 1e-3}},
     "stage1": {
         "model": {"widths": [8, 8, 8, 8], "tmt_layers": 1, "tmt_heads": 2, "gate_width": 8, "gate_layers": 1,

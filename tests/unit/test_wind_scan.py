@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from vcloud.models.wind_scan import WindScanMixing
-from vcloud.wind.cache import compute_cache
+from vcloud.wind.scan_orders import compute_cache
 
 B, C = 3, 8
 
@@ -40,12 +40,22 @@ def make(cache, **kwargs) -> WindScanMixing:
     )
 
 
-def test_output_shape(cache):
+def test_each_sample_is_mixed_in_its_own_sectors_order(cache):
+    """out[b] = mixer(tokens[b] in orders[sector_b]) put back at the grid positions, with the
+    real mixer, per sample of a batch of different sectors (-1: row-major, no reordering)."""
     module = make(cache, kernel_size=3, mlp_ratio=1.5)
     tokens = torch.randn(B, 32, C)
-    out = module(tokens, torch.tensor([0, 3, -1]))
+    sectors = torch.tensor([0, 3, -1])
+    out = module(tokens, sectors)
     assert out.shape == (B, 32, C)
-    assert torch.isfinite(out).all()
+    for b, sector in enumerate(sectors.tolist()):
+        order = torch.from_numpy(cache.orders[sector]) if sector >= 0 else torch.arange(32)
+        mixed = module.mixer(tokens[b : b + 1, order])[0]  # (N, C) in scan order
+        expected = torch.empty_like(mixed)
+        expected[order] = mixed  # scan position i holds grid patch order[i]
+        torch.testing.assert_close(out[b], expected, rtol=1e-5, atol=1e-6)
+    # The mixer sees the sequence: a different sector gives a different result.
+    assert not torch.allclose(out[0], module(tokens[:1], torch.tensor([3]))[0], atol=1e-4)
 
 
 def test_no_reorder_equals_identity_order():
@@ -57,12 +67,8 @@ def test_no_reorder_equals_identity_order():
     torch.manual_seed(0)
     module = WindScanMixing(C, orders=orders, inverse=inverse)
     tokens = torch.randn(2, n, C)
-    torch.testing.assert_close(
-        module(tokens, torch.tensor([-1, -1])), module(tokens, torch.tensor([0, 0]))
-    )
-    assert not torch.allclose(
-        module(tokens, torch.tensor([-1, -1])), module(tokens, torch.tensor([1, 1]))
-    )
+    torch.testing.assert_close(module(tokens, torch.tensor([-1, -1])), module(tokens, torch.tensor([0, 0])))
+    assert not torch.allclose(module(tokens, torch.tensor([-1, -1])), module(tokens, torch.tensor([1, 1])))
 
 
 def test_tokens_return_to_their_grid_positions(cache):
@@ -96,9 +102,7 @@ def test_batch_of_mixed_sectors_equals_samples_one_by_one(cache):
     sectors = torch.tensor([1, -1, 6])
     batched = module(tokens, sectors)
     for b in range(B):
-        torch.testing.assert_close(
-            batched[b : b + 1], module(tokens[b : b + 1], sectors[b : b + 1])
-        )
+        torch.testing.assert_close(batched[b : b + 1], module(tokens[b : b + 1], sectors[b : b + 1]))
 
 
 def test_gradients_flow(cache):
@@ -131,8 +135,8 @@ def test_bad_orders_and_sectors_are_refused(cache):
 
 def test_crop_scans_in_the_window_of_the_whole_grid_orders(cache):
     # A 2x4 token crop of the 4x8 grid: each sample is scanned in the cache's orders
-    # restricted to the window (vcloud.wind.cache.window_orders), never in row-major order.
-    from vcloud.wind.cache import window_orders
+    # restricted to the window (vcloud.wind.scan_orders.window_orders), never in row-major order.
+    from vcloud.wind.scan_orders import window_orders
 
     module = WindScanMixing(
         C, orders=torch.from_numpy(cache.orders), inverse=torch.from_numpy(cache.inverse), grid=(4, 8)

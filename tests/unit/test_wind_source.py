@@ -7,7 +7,7 @@ import xarray as xr
 
 from vcloud.data.prepare import prepare_roi
 from vcloud.data.store import open_store
-from vcloud.data.wind import WindSource, centre_lonlat
+from vcloud.data.wind_values import WindSource, centre_lonlat
 from vcloud.errors import BadInputError
 
 from ..conftest import TINY, TINY_ROIS
@@ -41,7 +41,9 @@ def test_era5_grid_is_interpolated_to_each_location_and_date(tiny_raw_master, tm
     prepare_roi(raw=tiny_raw_master, roi=roi, out=out, times=TINY["times"], size=TINY["size"], wind_table=grid)
     ds = open_store(out)
     dates = ds["date_s2"].values[0]
-    hours = (dates.astype("datetime64[D]") + np.timedelta64(12, "h") - np.datetime64("2018-01-01")) / np.timedelta64(1, "h")
+    hours = (dates.astype("datetime64[D]") + np.timedelta64(12, "h") - np.datetime64("2018-01-01")) / np.timedelta64(
+        1, "h"
+    )
     np.testing.assert_allclose(ds["wind_u"].values[0], lon * 0.5, rtol=1e-5)
     np.testing.assert_allclose(ds["wind_v"].values[0], hours * 0.001, rtol=1e-5)
     assert not np.allclose(ds["wind_u"].values[0], ds["wind_u"].values[1])  # another place, another wind

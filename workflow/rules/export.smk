@@ -1,7 +1,8 @@
 # Evaluation of every stage on the test split (two protocols, next to two baselines), the
-# offline viewer and the run report's figures and tables.
+# offline viewer and the run report's figures and tables. One evaluation rule per stage of the
+# registry: evaluate_stage0, evaluate_stage1, evaluate_stage2, evaluate_stage3.
 
-for stage in range(4):
+for stage in STAGE_NUMBERS:
 
     rule:
         name:
@@ -30,16 +31,10 @@ for stage in range(4):
             ),
             stage=stage,
             config=get_model_config(),
-            results=lambda wildcards, output: str(Path(output.report).parent.parent),
-            wind=lambda wildcards, input: (
-                f"--wind-cache {input.wind_cache}"
-                if "wind_cache" in input.keys()
-                else ""
-            ),
+            checkpoints=lambda wildcards, input: get_checkpoint_flags(input),
         shell:
             "{params.launch} vcloud evaluate --stage {params.stage} --store {input.store} --out {output.report}"
-            " --results {params.results} --config {params.config} {params.wind}"
-            " {params.env} > {log} 2>&1"
+            " {params.checkpoints} --config {params.config} {params.env} > {log} 2>&1"
 
 
 # The offline viewer: quicklooks of test samples through every stage, one static page.
@@ -67,17 +62,14 @@ rule export_viewer:
         **get_slurm_resources("export_viewer"),
     params:
         config=get_model_config(),
-        results=lambda wildcards, input: str(Path(input.stage0).parent.parent),
+        checkpoints=lambda wildcards, input: get_checkpoint_flags(input),
         out=lambda wildcards, output: str(Path(output.page).parent),
         samples=config["viewer"]["samples"],
         seed=config["viewer"]["seed"],
-        wind=lambda wildcards, input: (
-            f"--wind-cache {input.wind_cache}" if "wind_cache" in input.keys() else ""
-        ),
     shell:
-        "vcloud export-viewer --store {input.store} --results {params.results}"
+        "vcloud export-viewer --store {input.store} {params.checkpoints}"
         " --config {params.config} --out {params.out} --samples {params.samples}"
-        " --seed {params.seed} {params.wind} > {log} 2>&1"
+        " --seed {params.seed} > {log} 2>&1"
 
 
 # Run report (`snakemake --report report.html`): training curves, evaluation tables, accounting.
@@ -90,7 +82,7 @@ localrules:
 
 rule report_curves:
     input:
-        checkpoints=[get_checkpoint(stage) for stage in range(4)],
+        metrics=[get_metrics_log(stage) for stage in STAGE_NUMBERS],
     output:
         [
             report(
@@ -99,7 +91,7 @@ rule report_curves:
                 category="Training",
                 labels={"stage": str(stage)},
             )
-            for stage in range(4)
+            for stage in STAGE_NUMBERS
         ],
     log:
         "logs/report_curves/report_curves.log",
@@ -114,14 +106,13 @@ rule report_curves:
         **get_slurm_resources("report_curves"),
     params:
         out_dir=lambda wildcards, output: str(Path(output[0]).parent),
-        metrics=lambda wildcards, input: get_metrics_logs(input.checkpoints),
     shell:
-        "vcloud plot-curves --out-dir {params.out_dir} {params.metrics} > {log} 2>&1"
+        "vcloud plot-curves --out-dir {params.out_dir} {input.metrics} > {log} 2>&1"
 
 
 rule report_tables:
     input:
-        reports=[get_eval_report(stage) for stage in range(4)],
+        reports=[get_eval_report(stage) for stage in STAGE_NUMBERS],
     output:
         page=report(
             get_report_file("evaluation.html"),

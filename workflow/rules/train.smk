@@ -1,8 +1,9 @@
 # The four training stages (rules train_stage0..3); each resumes from its latest.pt when a job
 # was interrupted, and starts fresh when its best.pt was deleted (snakemake -R) or a setting
-# it depends on changed (the config_hash param).
+# it depends on changed (the config_hash param). One rule per stage of the registry
+# (src/vcloud/registry.py): train_stage0, train_stage1, train_stage2, train_stage3.
 
-for stage in range(4):
+for stage in STAGE_NUMBERS:
 
     rule:
         name:
@@ -11,6 +12,9 @@ for stage in range(4):
             **get_train_input(stage),
         output:
             best=get_checkpoint(stage),
+            # Rewritten from latest.pt at every start, so deleting it with an incomplete job
+            # loses nothing (vcloud/train/records.py).
+            metrics=get_metrics_log(stage),
         log:
             f"logs/train_stage{stage}/train_stage{stage}.log",
         benchmark:
@@ -29,7 +33,7 @@ for stage in range(4):
             stage=stage,
             config=get_model_config(),
             out=lambda wildcards, output: str(Path(output.best).parent),
-            upstream=lambda wildcards, input: get_upstream_flags(input),
+            upstream=lambda wildcards, input: get_checkpoint_flags(input),
             config_hash=get_stage_hash(stage),
             # Functions of resources: how a job is launched is not a rerun trigger (params are).
             env=lambda wildcards, resources: get_runtime_env_flags(),

@@ -261,8 +261,9 @@ def write_index(index: ArchiveIndex) -> Path:
     return path
 
 
-def read_index(archive: Path, *, index_dir: Path | None = None, check: bool = True,
-               header_only: bool = False) -> ArchiveIndex:
+def read_index(
+    archive: Path, *, index_dir: Path | None = None, check: bool = True, header_only: bool = False
+) -> ArchiveIndex:
     """The index of `archive`; BadInputError when missing, unreadable or not this archive's."""
     archive = Path(archive)
     path = index_path(archive, index_dir)
@@ -505,7 +506,11 @@ def write_archive(out: Path, name: ArchiveName, files: list[tuple[str, bytes]]) 
         parts = relpath.split("/")[:-1]
         folders.update("/".join(parts[: i + 1]) for i in range(len(parts)))
     try:
-        with tmp.open("wb") as raw, _gzip_writer(raw) as gz, tarfile.open(fileobj=gz, mode="w|", format=tarfile.GNU_FORMAT) as tar:
+        with (
+            tmp.open("wb") as raw,
+            _gzip_writer(raw) as gz,
+            tarfile.open(fileobj=gz, mode="w|", format=tarfile.GNU_FORMAT) as tar,
+        ):
             entries = [(f, None) for f in sorted(folders)] + sorted(files)
             for relpath, data in [(name.top, None)] + entries:
                 info = tarfile.TarInfo(relpath if relpath == name.top else f"{name.top}/{relpath}")

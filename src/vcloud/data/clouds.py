@@ -17,12 +17,12 @@ from functools import lru_cache
 
 import numpy as np
 
-from vcloud.constants import CLOUD_CLASSES, S2_SCALE, S2CLOUDLESS_KWARGS
+from vcloud.constants import CLEAR_MAX_COVER, CLOUD_CLASSES, S2_SCALE, S2CLOUDLESS_KWARGS
 
 
 @dataclass(frozen=True)
 class CloudThresholds:
-    clear_max_cover: float = 0.05
+    clear_max_cover: float = CLEAR_MAX_COVER
     thick_min_prob: float = 0.7
     opaque_min_cover: float = 0.95
 

@@ -15,9 +15,7 @@ import numpy as np
 from vcloud.constants import CLOUD_CLASSES
 
 # Top-of-atmosphere reflectance of a thick cloud per band (0..1 scale, S2_BANDS order).
-CLOUD_SPECTRUM = np.array(
-    [0.52, 0.50, 0.49, 0.48, 0.49, 0.50, 0.51, 0.51, 0.515, 0.26, 0.05, 0.33, 0.21], np.float32
-)
+CLOUD_SPECTRUM = np.array([0.52, 0.50, 0.49, 0.48, 0.49, 0.50, 0.51, 0.51, 0.515, 0.26, 0.05, 0.33, 0.21], np.float32)
 CURRICULUM = {
     "thin_only": ("thin",),
     "mixed": ("thin", "thick"),

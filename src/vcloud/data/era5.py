@@ -3,7 +3,7 @@
 `vcloud era5-wind` writes one small zarr store (resources/wind/era5_u10v10.zarr) with a group
 per ROI (its slug, e.g. ROIs1868_119): u10 and v10 on (time, latitude, longitude), the hours
 at noon UTC of every acquisition date of the ROI, on the ERA5 cells around its locations.
-`vcloud prepare --wind` (data.wind.WindSource) opens the ROI's group and interpolates it to
+`vcloud prepare --wind` (data.wind_values.WindSource) opens the ROI's group and interpolates it to
 each location's centre and date, exactly as it does for any ERA5 u10/v10 grid.
 
 The source needs no account: Google's ARCO-ERA5 copy on public cloud storage (read over
@@ -32,10 +32,10 @@ import numpy as np
 
 from vcloud import __version__
 from vcloud.constants import S1_BANDS, S2_BANDS
-from vcloud.data.geotiff import BadImageError, read_image
 from vcloud.data.archive import resolve_sources
+from vcloud.data.geotiff import BadImageError, read_image
 from vcloud.data.layout import RoiId, scan_roi
-from vcloud.data.wind import centre_lonlat
+from vcloud.data.wind_values import centre_lonlat
 from vcloud.errors import BadInputError, VcloudError
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,9 @@ def wind_needs(raws, roi: RoiId, *, times: int, size: int, index_dir: Path | Non
         if centre is not None:
             centres.append(centre)
     if not centres:
-        raise BadInputError(f"ROI {roi} under {', '.join(map(str, raws))}: no image with a CRS to place it on the ERA5 grid")
+        raise BadInputError(
+            f"ROI {roi} under {', '.join(map(str, raws))}: no image with a CRS to place it on the ERA5 grid"
+        )
     return WindNeed(roi=roi, lonlat=np.array(centres, dtype=np.float64), dates=tuple(dates))
 
 
@@ -114,8 +116,7 @@ def open_source(source: str, out: Path):
     except Exception as err:  # aiohttp, fsspec, zarr and OS errors: all mean "not reachable"
         reason = " ".join(str(err).split())[:200] or type(err).__name__
         raise BadInputError(
-            f"{source}: cannot read the ERA5 store ({type(err).__name__}: {reason}); "
-            + no_network_hint(source, out)
+            f"{source}: cannot read the ERA5 store ({type(err).__name__}: {reason}); " + no_network_hint(source, out)
         ) from None
     missing = [name for name in (U10, V10, "time", "latitude", "longitude") if name not in ds.variables]
     if missing:
@@ -213,8 +214,10 @@ def fetch(source: str | None, needs: list[WindNeed], out: Path, *, workers: int 
             u, v = np.asarray(at[U10].values), np.asarray(at[V10].values)
         except Exception as err:  # a dropped connection mid-fetch: one line, nothing written
             reason = " ".join(str(err).split())[:200]
-            raise BadInputError(f"{source}: reading ERA5 hour {str(hour)[:16]} failed "
-                                f"({type(err).__name__}: {reason}); " + no_network_hint(source, out)) from None
+            raise BadInputError(
+                f"{source}: reading ERA5 hour {str(hour)[:16]} failed "
+                f"({type(err).__name__}: {reason}); " + no_network_hint(source, out)
+            ) from None
         return hour, {slug: (frames[slug].cut(u), frames[slug].cut(v)) for slug in users[hour]}
 
     log.info("reading %d ERA5 hours for %d ROIs from %s", len(hours), len(needs), source)

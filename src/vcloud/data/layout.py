@@ -113,10 +113,7 @@ class RawName:
 
     @property
     def filename(self) -> str:
-        return (
-            f"{self.kind}_{self.rois}_{self.roi}_ImgNo_{self.t}_"
-            f"{self.date.isoformat()}_patch_{self.patch}.tif"
-        )
+        return f"{self.kind}_{self.rois}_{self.roi}_ImgNo_{self.t}_{self.date.isoformat()}_patch_{self.patch}.tif"
 
     def path(self, root: Path) -> Path:
         return Path(root) / self.rois / str(self.roi) / self.kind.upper() / str(self.t) / self.filename
@@ -127,8 +124,7 @@ def parse_name(filename: str) -> RawName:
     match = _NAME_RE.match(filename)
     if not match:
         raise ValueError(
-            "file name does not parse: expected "
-            "<s1|s2>_<ROIsXXXX>_<roi>_ImgNo_<t>_<YYYY-MM-DD>_patch_<pid>.tif"
+            "file name does not parse: expected <s1|s2>_<ROIsXXXX>_<roi>_ImgNo_<t>_<YYYY-MM-DD>_patch_<pid>.tif"
         )
     try:
         date = dt.date.fromisoformat(match["date"])
@@ -292,8 +288,7 @@ def _add_file(scan: RoiScan, where: str, entry: str, is_dir: bool, kind: str, t:
         scan.problems.append(
             Problem(
                 where,
-                f"second {kind.upper()} image for patch {name.patch} at t={t} "
-                f"(first: {pair[kind].filename})",
+                f"second {kind.upper()} image for patch {name.patch} at t={t} (first: {pair[kind].filename})",
                 kind=kind,
                 patch=name.patch,
                 t=t,

@@ -25,13 +25,11 @@ import numpy as np
 from tqdm import tqdm
 
 from vcloud.constants import CLOUD_CLASS_MISSING, S1_BANDS, S1_CLIP_DB, S2_BANDS
+from vcloud.data.archive import resolve_sources
 from vcloud.data.clouds import CloudThresholds, cloud_cover_and_class, cloud_mask, cloud_probability
 from vcloud.data.geotiff import NO_GEOREF, BadImageError, GeoRef, read_image
-from vcloud.data.archive import resolve_sources
 from vcloud.data.layout import Problem, RoiId, scan_roi
-from vcloud.data.wind import WindSource
 from vcloud.data.store import (
-    atomic_output,
     location_id,
     open_store,
     store_attrs,
@@ -39,7 +37,9 @@ from vcloud.data.store import (
     summary_line,
     write_locations,
 )
+from vcloud.data.wind_values import WindSource
 from vcloud.errors import BadInputError
+from vcloud.io import atomic_output
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,11 @@ sharding and a resume from a checkpoint, bit for bit.
 - ClearImages (stage 0): one clear S2 image.
 - CloudySamples (stages 1-3, evaluation): T dates of one location; the target date is a clear
   date with a synthetic cloud of the curriculum's class put on it (the other T-1 dates keep
-  their natural clouds); ground truth = the clear image.
+  their natural clouds); ground truth = the clear image. The target's cloud probability is
+  what s2cloudless (data/clouds.py, as in prepare) finds on the clouded image, stored as the
+  store stores it: the model never sees the synthetic opacity, in training or evaluation.
+  With fixed `kinds` (validation, evaluation) sample i is the i-th (clear target, kind) pair
+  of a seeded order: every clear target once per kind before any repeats.
 - UnlabelledSamples (stage 3): T dates of a location that is never clear; the target date keeps
   its natural clouds and has no ground truth; `visible` marks pixels the cloud mask calls clear.
 
@@ -17,8 +21,8 @@ which a wind-scanning model picks its scan sector.
 With `raw=True` (training) a sample carries the images as stored - S2 as int16 bits of the
 uint16 reflectance, S1 in dB, the cloud probability as uint8 - and `finish_batch` normalises
 the whole batch where it lands (the accelerator) and blends the synthetic cloud (simulated in
-the worker, from the sample's seed) into the target date, giving exactly the layout and values
-of `raw=False`: normalising 17 images in numpy costs a loader process about as much as reading
+the worker, from the sample's seed, where its detected probability is computed too) into the
+target date, giving exactly the layout and values of `raw=False`: normalising 17 images in numpy costs a loader process about as much as reading
 and decompressing them; on the device it costs nothing.
 """
 
@@ -30,12 +34,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from vcloud.constants import CLOUD_CLASSES, S1_CLIP_DB, S2_CLIP, S2_SCALE, S2CLOUDLESS_KWARGS
+from vcloud.constants import CLEAR_MAX_COVER, CLOUD_CLASSES, S1_CLIP_DB, S2_CLIP, S2_SCALE, S2CLOUDLESS_KWARGS
 from vcloud.data import cloudsim
+from vcloud.data.clouds import cloud_probability
 from vcloud.data.shards import ShardReader as StoreReader
 from vcloud.data.store import CLOUD_PROB_SCALE, normalise_s1, normalise_s2
-
-IN_CHANNELS = 16  # per date: 13 S2 + 2 S1 + cloud probability
 
 
 def _usable(reader: StoreReader) -> np.ndarray:
@@ -69,7 +72,7 @@ class _StoreSamples(Dataset):
 class ClearImages(_StoreSamples):
     """Stage 0: clear S2 images (cloud cover below `clear_max_cover`)."""
 
-    def __init__(self, store, *, length=None, seed=0, crop=None, clear_max_cover=0.05, raw=False):
+    def __init__(self, store, *, length=None, seed=0, crop=None, clear_max_cover=CLEAR_MAX_COVER, raw=False):
         reader = StoreReader(store)
         clear = _usable(reader) & (np.nan_to_num(reader.cloud_cover, nan=1.0) < clear_max_cover)
         self.images = np.argwhere(clear)  # (N, 2) location, time
@@ -98,7 +101,7 @@ class CloudySamples(_StoreSamples):
         length=None,
         seed=0,
         crop=None,
-        clear_max_cover=0.05,
+        clear_max_cover=CLEAR_MAX_COVER,
         epochs: int = 1,
         mixed_from: float = 0.0,
         all_from: float = 0.0,
@@ -116,7 +119,12 @@ class CloudySamples(_StoreSamples):
         self.epochs = epochs
         self.mixed_from, self.all_from = mixed_from, all_from
         self.kinds = kinds  # fixed kinds (evaluation); None = the curriculum's
-        super().__init__(store, length=length or len(self.targets), seed=seed, crop=crop, raw=raw)
+        self._detected: dict[int, np.ndarray] = {}  # fixed kinds: index -> detected target probability
+        if kinds is not None:  # every (target, kind) pair once, in a seeded order
+            pairs = len(self.targets) * len(kinds)
+            self.pair_order = np.random.default_rng((seed, 11)).permutation(pairs)
+        super().__init__(store, length=length or len(self.targets) * len(kinds or (0,)), seed=seed, crop=crop,
+                         raw=raw)  # fmt: skip
 
     def kinds_at(self, epoch: int) -> tuple[str, ...]:
         if self.kinds is not None:
@@ -127,38 +135,55 @@ class CloudySamples(_StoreSamples):
     def pick(self, index: int) -> tuple[int, int, list[int], int, str]:
         """What sample `index` shows: location, target time, input times, target slot, cloud kind."""
         rng, epoch = self._rng(index)
-        return self._pick(rng, epoch)
+        return self._pick(rng, epoch, index)
 
-    def _pick(self, rng: np.random.Generator, epoch: int) -> tuple[int, int, list[int], int, str]:
-        location, target_t = (int(v) for v in self.targets[int(rng.integers(len(self.targets)))])
+    def _pick(self, rng: np.random.Generator, epoch: int, index: int) -> tuple[int, int, list[int], int, str]:
+        if self.kinds is None:
+            location, target_t = (int(v) for v in self.targets[int(rng.integers(len(self.targets)))])
+        else:
+            pair = int(self.pair_order[int(index) % len(self.pair_order)])
+            location, target_t = (int(v) for v in self.targets[pair // len(self.kinds)])
         dates, target_index = _pick_dates(rng, self.usable[location], target_t, self.dates)
-        kind = str(rng.choice(self.kinds_at(epoch)))
+        if self.kinds is None:
+            kind = str(rng.choice(self.kinds_at(epoch)))
+        else:
+            kind = self.kinds[pair % len(self.kinds)]
         return location, target_t, dates, target_index, kind
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         rng, epoch = self._rng(index)
-        location, target_t, dates, target_index, kind = self._pick(rng, epoch)
+        location, target_t, dates, target_index, kind = self._pick(rng, epoch, index)
         ys, xs = self._window(rng)
         images = self.reader.read_raw(location, dates)
         s2 = images.s2[:, :, ys, xs]  # (T, 13, h, w) uint16
         opacity, shadow = cloudsim.simulate(rng, s2.shape[2:], kind)
-        s1, prob = images.s1[:, :, ys, xs], images.cloud_prob[:, ys, xs]
+        s1 = images.s1[:, :, ys, xs]
+        prob = images.cloud_prob[:, ys, xs].copy()  # (T, h, w) uint8 as stored
+        truth = normalise_s2(s2[target_index])
+        clouded = cloudsim.apply(truth, opacity, shadow)  # (13, h, w)
+        detected = self._detected.get(index)
+        if detected is None:  # what prepare would store for the clouded target
+            touched = (opacity > 0) | (shadow > 0)
+            detected = prob[target_index].copy()  # untouched pixels: stored from the same values
+            detected[touched] = detected_probability(clouded[:, touched][:, None])[0]  # (13, 1, M) -> (M,)
+            if self.kinds is not None:  # fixed samples come back every epoch: detect once
+                self._detected[index] = detected
+        prob[target_index] = detected
         days = _days(self.reader.date_s2[location, dates], target_index)
         if self.raw:  # the cloud is put on the target on the device too (finish_batch)
             item = {
                 "s2_raw": _bits(s2), "s1_raw": torch.from_numpy(np.ascontiguousarray(s1)),
                 "prob_raw": torch.from_numpy(np.ascontiguousarray(prob)),
-                "target_prob": torch.from_numpy(np.ascontiguousarray(opacity, dtype=np.float32)),
-                "target_shadow": torch.from_numpy(np.ascontiguousarray(shadow, dtype=np.float32)),
+                "cloud_opacity": torch.from_numpy(np.ascontiguousarray(opacity, dtype=np.float32)),
+                "cloud_shadow": torch.from_numpy(np.ascontiguousarray(shadow, dtype=np.float32)),
                 "days": days, "target_index": torch.tensor(target_index),
             }  # fmt: skip
         else:
             s2 = normalise_s2(s2)
-            truth = s2[target_index].copy()
-            s2[target_index] = cloudsim.apply(truth, opacity, shadow)
-            prob = _probability(prob)
-            prob[target_index] = opacity  # the synthetic cloud's opacity stands in for s2cloudless
-            item = _stack(s2, normalise_s1(s1), prob, self.reader.date_s2[location, dates], target_index)
+            s2[target_index] = clouded
+            item = stack_sample(
+                s2, normalise_s1(s1), _probability(prob), self.reader.date_s2[location, dates], target_index
+            )
             item["target"] = torch.from_numpy(np.ascontiguousarray(truth))
         item["wind"] = torch.from_numpy(self.reader.wind[location, target_t])
         item["cloud_class"] = torch.tensor(CLOUD_CLASSES.index(kind))
@@ -169,7 +194,7 @@ class CloudySamples(_StoreSamples):
 class UnlabelledSamples(_StoreSamples):
     """Cloudy target dates of locations that have no clear date at all (stage 3)."""
 
-    def __init__(self, store, *, dates: int, seed=0, clear_max_cover=0.05, limit: int | None = None):
+    def __init__(self, store, *, dates: int, seed=0, clear_max_cover=CLEAR_MAX_COVER, limit: int | None = None):
         reader = StoreReader(store)
         usable = _usable(reader)
         cover = np.nan_to_num(reader.cloud_cover, nan=1.0)
@@ -188,12 +213,24 @@ class UnlabelledSamples(_StoreSamples):
         dates, target_index = _pick_dates(rng, self.usable[location], target_t, self.dates)
         sample = self.reader.read(location, dates)
         prob = np.nan_to_num(sample.cloud_prob, nan=1.0)
-        item = _stack(sample.s2, sample.s1, prob, self.reader.date_s2[location, dates], target_index)
+        item = stack_sample(sample.s2, sample.s1, prob, self.reader.date_s2[location, dates], target_index)
         item["wind"] = torch.from_numpy(self.reader.wind[location, target_t])
         item["visible"] = torch.from_numpy(prob[target_index] < S2CLOUDLESS_KWARGS["threshold"])
         item["location"] = torch.tensor(location)
         item["date"] = torch.tensor(target_t)
         return item
+
+
+def detected_probability(s2: np.ndarray) -> np.ndarray:
+    """Normalised S2 (13, H, W) -> its s2cloudless probability as a store holds it (uint8).
+
+    The image is rounded to the stored reflectance (uint16 x10000) and the probability to the
+    store's scale, so a clouded target looks to the model exactly like a naturally cloudy date.
+    s2cloudless is per pixel, so a crop's probability is the crop of the image's.
+    """
+    reflectance = np.round(np.clip(s2, 0.0, 1.0) * S2_SCALE).astype(np.uint16)
+    prob = cloud_probability(reflectance[None], num_threads=1)[0]  # (H, W) float 0..1
+    return np.round(np.clip(prob, 0.0, 1.0) * CLOUD_PROB_SCALE).astype(np.uint8)
 
 
 def _pick_dates(rng, usable_row: np.ndarray, target_t: int, count: int) -> tuple[list[int], int]:
@@ -208,7 +245,7 @@ def _pick_dates(rng, usable_row: np.ndarray, target_t: int, count: int) -> tuple
     return dates, dates.index(target_t)
 
 
-def _stack(s2, s1, prob, dates_s2, target_index) -> dict[str, torch.Tensor]:
+def stack_sample(s2, s1, prob, dates_s2, target_index) -> dict[str, torch.Tensor]:
     x = np.concatenate([s2, s1, prob[:, None]], axis=1).astype(np.float32)  # (T, 16, H, W)
     return {
         "x": torch.from_numpy(np.ascontiguousarray(x)),
@@ -245,8 +282,8 @@ def finish_batch(batch: dict) -> dict:
     """A `raw=True` batch -> the `raw=False` layout and values, on the batch's device.
 
     x (B, T, 16, H, W) = 13 S2 + 2 S1 + cloud probability; the target slot holds the clouded
-    image (the cloud simulated in the worker, blended here) and the synthetic opacity; target =
-    the clear image; target_s1 / target_prob are the target slot's S1 and
+    image (the cloud simulated in the worker, blended here) and the probability s2cloudless
+    found on it (in the worker); target = the clear image; target_s1 / target_prob are the target slot's S1 and
     probability. A batch already normalised (no raw keys) is returned as it is.
     """
     if "target_raw" in batch:
@@ -262,11 +299,11 @@ def finish_batch(batch: dict) -> dict:
     rows = torch.arange(s2.shape[0], device=s2.device)
     slot = batch["target_index"].to(s2.device)
     truth = s2[rows, slot]  # (B, 13, H, W) the clear target, a copy
-    opacity, shadow = batch["target_prob"], batch["target_shadow"]  # (B, H, W)
-    s2[rows, slot] = _apply_cloud(truth, opacity, shadow)
-    prob[rows, slot] = opacity
+    opacity, shadow = batch["cloud_opacity"], batch["cloud_shadow"]  # (B, H, W)
+    s2[rows, slot] = _apply_cloud(truth, opacity.to(s2.device), shadow.to(s2.device))
     x = torch.cat([s2, s1, prob[:, :, None]], dim=2)
-    rest = {k: v for k, v in batch.items() if k not in ("s2_raw", "s1_raw", "prob_raw", "target_shadow")}
+    drop = ("s2_raw", "s1_raw", "prob_raw", "cloud_opacity", "cloud_shadow")
+    rest = {k: v for k, v in batch.items() if k not in drop}
     return {**rest, "x": x, "target": truth, "target_s1": s1[rows, slot], "target_prob": prob[rows, slot]}
 
 

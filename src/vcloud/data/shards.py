@@ -199,7 +199,7 @@ def verify(store: Path) -> list[str]:
     tables = [name for name in ds.variables if name not in IMAGE_VARS]
     for name in tables:
         try:
-            ds[name].values  # small: one chunk each, checksummed by zarr's crc32c codec
+            _ = ds[name].values  # small: one chunk each, checksummed by zarr's crc32c codec
         except Exception as err:  # zarr raises ValueError/RuntimeError for a damaged chunk
             problems.append(f"{store}: {name} (per-location table): {_reason(err)}")
     dates = {}
@@ -227,7 +227,9 @@ def load_table(ds, name: str, store: Path) -> np.ndarray:
     try:
         return ds[name].values
     except Exception as err:  # zarr raises ValueError/RuntimeError for a damaged chunk
-        raise DamagedStoreError(f"{store}: {name} (per-location table): {_reason(err)}; run `vcloud verify {store}`") from None
+        raise DamagedStoreError(
+            f"{store}: {name} (per-location table): {_reason(err)}; run `vcloud verify {store}`"
+        ) from None
 
 
 def _reason(err: Exception) -> str:

@@ -30,16 +30,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import subprocess
 import warnings
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
-from vcloud import __version__
 from vcloud.constants import (
     CLOUD_CLASSES,
     S1_BANDS,
@@ -50,6 +46,7 @@ from vcloud.constants import (
     STORE_FORMAT_VERSION,
 )
 from vcloud.errors import BadInputError
+from vcloud.io import atomic_output, provenance
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +87,7 @@ def store_attrs(*, source: str, options: dict) -> dict:
             "s2": {"clip": list(S2_CLIP), "divide_by": S2_SCALE, "nan_to": 0.0},
             "s1": {"clip_db": list(S1_CLIP_DB), "rescale_to": [0.0, 1.0], "nan_to": 0.0},
         },
-        "producer": {"vcloud_version": __version__, "git_revision": git_revision(), "options": options},
+        "producer": {**provenance(), "options": options},
     }
 
 
@@ -128,51 +125,6 @@ def table_encoding(ds) -> dict:
         for name in ds.variables
         if ds[name].ndim
     }
-
-
-def git_revision() -> str:
-    """The git revision of the source tree the package runs from, or 'unknown'."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 else "unknown"
-
-
-@contextmanager
-def atomic_output(out: Path) -> Iterator[Path]:
-    """Yield a temporary path beside `out`; on success it replaces `out`, on error it is removed.
-
-    A later step never sees a half-written store: `out` is either the old complete one or
-    the new complete one.
-    """
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    _remove(tmp)
-    try:
-        yield tmp
-    except BaseException:
-        _remove(tmp)
-        raise
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    if out.exists():
-        os.replace(out, old)
-    os.replace(tmp, out)
-    _remove(old)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
 
 
 def write_locations(datasets: Iterator, path: Path) -> int:
@@ -227,7 +179,9 @@ def open_store(path: Path):
     if version != STORE_FORMAT_VERSION:
         older = isinstance(version, int) and version < STORE_FORMAT_VERSION
         why = "written by an older vcloud (unsharded); prepare it again" if older else "not readable by this vcloud"
-        raise BadInputError(f"{path}: store format_version {version!r}, this vcloud reads {STORE_FORMAT_VERSION}: {why}")
+        raise BadInputError(
+            f"{path}: store format_version {version!r}, this vcloud reads {STORE_FORMAT_VERSION}: {why}"
+        )
     return ds
 
 

@@ -25,7 +25,6 @@ import datetime as dt
 import logging
 import os
 import shutil
-import tempfile
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from vcloud.constants import CLOUD_CLASSES, S1_BANDS, S2_BANDS
 from vcloud.data.geotiff import GeoRef, write_image
 from vcloud.data.layout import RawName, RoiId
 from vcloud.errors import VcloudError
+from vcloud.io import atomic_output
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +107,9 @@ def default_rois(n: int) -> list[RoiId]:
     return names
 
 
-def write_raw_tree(out: Path, *, rois: list[RoiId], patches: int, times: int, size: int, seed: int,
-                   archives: bool = False) -> None:
+def write_raw_tree(
+    out: Path, *, rois: list[RoiId], patches: int, times: int, size: int, seed: int, archives: bool = False
+) -> None:
     """Write a synthetic raw tree with wind.csv and truth.csv; the tree appears complete or not at all.
 
     archives=True writes the tree as the dataset is downloaded instead: one .tar.gz per kind,
@@ -125,9 +126,8 @@ def write_raw_tree(out: Path, *, rois: list[RoiId], patches: int, times: int, si
     out = Path(out)
     if out.exists() and not (out.is_dir() and _replaceable(out)):
         raise SynthError(f"{out}: exists and is not an empty folder or an earlier synthetic tree")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
-    try:
+    with atomic_output(out) as tmp:
+        tmp.mkdir()
         wind_rows, truth_rows = [], []
         with _Writer() as writer:
             for roi in rois:
@@ -138,15 +138,6 @@ def write_raw_tree(out: Path, *, rois: list[RoiId], patches: int, times: int, si
         _write_csv(tmp / "truth.csv", TRUTH_HEADER, truth_rows)
         if archives:
             _pack_archives(tmp, rois)
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        shutil.rmtree(old, ignore_errors=True)
-        if out.exists():
-            os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     counts = {name: sum(row[4] == name for row in truth_rows) for name in CLOUD_CLASSES}
     log.info("wrote %s: %d ROIs x %d patches x %d dates at %d px; %s", out, len(rois), patches,
              times, size, ", ".join(f"{k} {v}" for k, v in counts.items()))  # fmt: skip
@@ -192,8 +183,9 @@ def _replaceable(out: Path) -> bool:
 
     entries = {path.name for path in out.iterdir()}
     ours = {"wind.csv", "truth.csv"}
-    leftovers = {e for e in entries - ours
-                 if not (parse_archive_name(e) or parse_archive_name(e.removesuffix(INDEX_SUFFIX)))}
+    leftovers = {
+        e for e in entries - ours if not (parse_archive_name(e) or parse_archive_name(e.removesuffix(INDEX_SUFFIX)))
+    }
     return not entries or ours <= entries or not leftovers
 
 

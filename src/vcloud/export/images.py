@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vcloud.constants import RGB_INDICES
+from vcloud.constants import RGB_INDICES, S2_BANDS
 
 TRUE_COLOUR_MAX = 0.3  # reflectance shown as full white
 ERROR_MAX = 0.1  # mean |error| shown as the ramp's top colour
@@ -26,9 +26,7 @@ STRETCH_NOTE = (
     f"error = mean |output - truth| over the 13 bands, 0..{ERROR_MAX} dark to yellow"
 )
 # Anchors of the error ramp (value 0..1 -> RGB), close to matplotlib's "inferno".
-_RAMP = np.array(
-    [[0, 0, 4], [87, 16, 110], [188, 55, 84], [249, 142, 9], [252, 255, 164]], dtype=np.float64
-)
+_RAMP = np.array([[0, 0, 4], [87, 16, 110], [188, 55, 84], [249, 142, 9], [252, 255, 164]], dtype=np.float64)
 
 
 def to_uint8(values: np.ndarray) -> np.ndarray:
@@ -38,7 +36,7 @@ def to_uint8(values: np.ndarray) -> np.ndarray:
 
 def true_colour(s2: np.ndarray) -> np.ndarray:
     """(13, H, W) S2 on the 0..1 scale -> (H, W, 3) uint8."""
-    assert s2.ndim == 3 and s2.shape[0] == 13, f"expected (13, H, W), got {s2.shape}"
+    assert s2.ndim == 3 and s2.shape[0] == len(S2_BANDS), f"expected ({len(S2_BANDS)}, H, W), got {s2.shape}"
     rgb = s2[list(RGB_INDICES)].astype(np.float64) / TRUE_COLOUR_MAX
     return to_uint8(rgb).transpose(1, 2, 0)
 

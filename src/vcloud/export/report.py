@@ -6,8 +6,7 @@
   protocol and method, and PSNR per cloud class.
 - `accounting`: wall time of every job from benchmarks/<rule>/*.tsv (column `s`), with
   CPU-hours = threads x hours and GPU-hours = gpus x nodes x hours from the rule's resources
-  entry (the rule's name, or for evaluate_stage<n> its family `evaluate`; a rule without one
-  counts as 1 thread, no GPU, and is named on the page), per rule and per stage, as TSV and HTML.
+  entry (the config key is the rule's name; a rule without one counts as 1 thread, no GPU, and is named on the page), per rule and per stage, as TSV and HTML.
 """
 
 from __future__ import annotations
@@ -15,12 +14,12 @@ from __future__ import annotations
 import csv
 import html
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from vcloud.errors import BadInputError
+from vcloud.io import atomic_open, atomic_output, atomic_write_text
 
 CURVES = (("loss", "training loss"), ("val_psnr", "validation PSNR (dB)"), ("samples_per_s", "samples/s"))
 PAGE_STYLE = (
@@ -30,17 +29,6 @@ PAGE_STYLE = (
     "th:first-child,td:first-child,th.l,td.l{text-align:left}h2{font-size:16px}"
     "p{color:#5b6670;font-size:12px}"
 )
-
-
-def _write_atomic(path: Path, write) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _page(title: str, body: str) -> str:
@@ -53,7 +41,7 @@ def _page(title: str, body: str) -> str:
 def _table(header: list[str], rows: list[list[str]], *, left: int = 1) -> str:
     def cells(tag: str, values: list[str]) -> str:
         return "".join(
-            f'<{tag}{" class=l" if i < left else ""}>{html.escape(str(v))}</{tag}>' for i, v in enumerate(values)
+            f"<{tag}{' class=l' if i < left else ''}>{html.escape(str(v))}</{tag}>" for i, v in enumerate(values)
         )
 
     body = "".join(f"<tr>{cells('td', row)}</tr>" for row in rows)
@@ -101,7 +89,8 @@ def plot_curves(metrics: Path, out: Path, *, title: str) -> None:
         ax.grid(alpha=0.3)
         ax.xaxis.get_major_locator().set_params(integer=True)
     fig.suptitle(f"{title} ({len(records)} epochs, {metrics})", fontsize=11)
-    _write_atomic(out, lambda tmp: fig.savefig(tmp, format="png", metadata={"Software": None}))
+    with atomic_output(out) as tmp:
+        fig.savefig(tmp, format="png", metadata={"Software": None})
     plt.close(fig)
 
 
@@ -138,7 +127,7 @@ def evaluation_tables(reports: list[Path], out: Path) -> None:
         "dates; reference: as UnCRtainTS (least-cloudy date = truth). 'model' is the stage itself; the "
         "baselines are on the same samples.</p>" + "".join(sections)
     )
-    _write_atomic(out, lambda tmp: tmp.write_text(_page("Evaluation", body), encoding="utf-8"))
+    atomic_write_text(out, _page("Evaluation", body))
 
 
 # --- accounting ---------------------------------------------------------------------------
@@ -185,11 +174,8 @@ DEFAULT_RESOURCES = {"threads": 1, "gpus": 0, "nodes": 1}  # a rule without an e
 
 
 def resources_of(rule: str, resources: dict) -> dict | None:
-    """A rule's resources entry: its own name, or its family without `_stage<n>` (evaluate)."""
-    for key in (rule, re.sub(r"_stage\d+$", "", rule)):
-        if key in resources:
-            return resources[key]
-    return None
+    """A rule's resources entry (the config key is the rule's name)."""
+    return resources.get(rule)
 
 
 def stage_of(rule: str) -> str:
@@ -263,11 +249,6 @@ def accounting(benchmarks: Path, resources: dict, *, tsv: Path, page: Path) -> l
     stage_rows = [_totals("(all rules)", s, [c for c in costs if c.stage == s]) for s in stages]
     total = _totals("(total)", "all", costs)
 
-    def write_tsv(tmp: Path) -> None:
-        with open(tmp, "w", newline="") as handle:
-            writer = csv.writer(handle, delimiter="\t", lineterminator="\n")
-            writer.writerows([COLUMNS, *rows, *stage_rows, total])
-
     assumed = [c.rule for c in costs if c.assumed]
     note = (
         f"<p>No resources entry for {html.escape(', '.join(assumed))}: counted with 1 thread and no GPU.</p>"
@@ -284,6 +265,7 @@ def accounting(benchmarks: Path, resources: dict, *, tsv: Path, page: Path) -> l
         + note + "<h2>per stage</h2>" + _table(COLUMNS, [*stage_rows, total], left=2)
         + "<h2>per rule</h2>" + _table(COLUMNS, rows, left=2)
     )  # fmt: skip
-    _write_atomic(tsv, write_tsv)
-    _write_atomic(page, lambda tmp: tmp.write_text(_page("Accounting", body), encoding="utf-8"))
+    with atomic_open(tsv, "w", newline="") as handle:
+        csv.writer(handle, delimiter="\t", lineterminator="\n").writerows([COLUMNS, *rows, *stage_rows, total])
+    atomic_write_text(page, _page("Accounting", body))
     return costs

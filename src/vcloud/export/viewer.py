@@ -1,7 +1,7 @@
 """`vcloud export-viewer`: quicklooks of test samples and a static, offline index.html.
 
 The samples are the evaluation's fixed protocol (seeded thin/thick/opaque clouds on clear
-dates of the store, `vcloud.train.evaluate.fixed_samples`): viewer sample i is sample i of
+dates of the store, `vcloud.evaluation.protocols.fixed_samples`): viewer sample i is sample i of
 `results/eval/stage<n>.json`. `samples` of them are picked with `seed`. Per sample, PNG
 quicklooks (stretches in `vcloud.export.images`) of the cloudy target-date input, the other
 input dates as a strip, the cloud probability, S1 VV, the stage 1 draft, the stage 2
@@ -30,12 +30,16 @@ import torch
 from torch.utils.data import default_collate
 
 from vcloud.config import load_model_config
-from vcloud.constants import CLOUD_CLASSES
+from vcloud.constants import CLOUD_CLASSES, S2_CHANNELS
 from vcloud.errors import ConfigError
+from vcloud.evaluation.baselines import least_cloudy, median_mosaic
+from vcloud.evaluation.metrics import compute_all
+from vcloud.evaluation.predict import build_predictor
+from vcloud.evaluation.protocols import EVAL_SEED, fixed_samples
 from vcloud.export import images as im
-from vcloud.train.baselines import least_cloudy, median_mosaic
-from vcloud.train.evaluate import EVAL_SEED, build_predictor, fixed_samples
-from vcloud.train.metrics import compute_all
+from vcloud.io import fresh_staging_dir, remove_path
+from vcloud.registry import VIEWER_STAGES, get_stage, require_checkpoints
+from vcloud.wind.stage_orders import load_wind_orders
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +47,14 @@ VIEWER_VERSION = 1
 IMAGES = "images"  # folder of the quicklooks, beside index.html
 THUMBNAILS = "thumbnails.png"  # contact sheet for the run report
 THUMBNAIL_ROWS = 6
-THUMBNAIL_LAYERS = ("input", "stage1", "stage2", "stage3", "truth", "error")
+SHOWN = tuple(get_stage(n) for n in VIEWER_STAGES)  # registry: stages with a viewer_label
+LAST = SHOWN[-1].name  # the pipeline's output: its error layer, the page's sort order
+THUMBNAIL_LAYERS = ("input", *(stage.name for stage in SHOWN), "truth", "error")
+
+
+def needed_checkpoints() -> tuple[int, ...]:
+    """The stages whose best.pt the shown stages' predictors read (registry.predictor_needs)."""
+    return tuple(sorted({n for stage in SHOWN for n in stage.predictor_needs}))
 
 
 @dataclass(frozen=True)
@@ -58,16 +69,12 @@ LAYERS = (
     Layer("context", "other input dates", swipe=False),
     Layer("cloud", "cloud probability"),
     Layer("s1", "S1 VV"),
-    Layer("stage1", "stage 1 draft"),
-    Layer("stage2", "stage 2 refined"),
-    Layer("stage3", "stage 3 output"),
+    *(Layer(stage.name, stage.viewer_label) for stage in SHOWN),
     Layer("truth", "ground truth"),
-    Layer("error", "error of stage 3"),
+    Layer("error", f"error of stage {SHOWN[-1].number}"),
 )
 METHODS = {
-    "stage1": "stage 1 draft",
-    "stage2": "stage 2 refined",
-    "stage3": "stage 3 output",
+    **{stage.name: stage.viewer_label for stage in SHOWN},
     "least_cloudy_date": "least-cloudy date (baseline)",
     "median_mosaic": "median mosaic (baseline)",
 }
@@ -90,14 +97,14 @@ def _layers(batch: dict, outputs: dict[str, torch.Tensor]) -> dict[str, np.ndarr
     x = _numpy(batch["x"][0])  # (T, 16, H, W): 13 S2, 2 S1, cloud probability
     target = int(batch["target_index"][0])
     truth = _numpy(batch["target"][0])
-    output = _numpy(outputs["stage3"][0])
-    context = [im.true_colour(x[t, :13]) for t in range(x.shape[0]) if t != target]
+    output = _numpy(outputs[LAST][0])
+    context = [im.true_colour(x[t, S2_CHANNELS]) for t in range(x.shape[0]) if t != target]
     return {
-        "input": im.true_colour(x[target, :13]),
-        "context": im.strip(context) if context else im.true_colour(x[target, :13]),
+        "input": im.true_colour(x[target, S2_CHANNELS]),
+        "context": im.strip(context) if context else im.true_colour(x[target, S2_CHANNELS]),
         "cloud": im.grey(_numpy(batch["target_prob"][0])),
         "s1": im.grey(_numpy(batch["target_s1"][0, 0])),
-        **{f"stage{n}": im.true_colour(_numpy(outputs[f"stage{n}"][0])) for n in (1, 2, 3)},
+        **{stage.name: im.true_colour(_numpy(outputs[stage.name][0])) for stage in SHOWN},
         "truth": im.true_colour(truth),
         "error": im.error_map(output, truth),
     }
@@ -117,26 +124,25 @@ def _contact_sheet(rows: list[dict[str, np.ndarray]]) -> np.ndarray:
 
 @torch.no_grad()
 def export_viewer(
-    *, store: Path, results: Path, config_path: Path, out: Path, samples: int, seed: int,
+    *, store: Path, checkpoints: dict[int, Path], config_path: Path, out: Path, samples: int, seed: int,
     wind_cache: Path | None = None,
 ) -> dict:  # fmt: skip
-    """Write out/index.html, out/images/*.png and out/thumbnails.png; return the page's data."""
-    from vcloud.train.run import load_wind_orders
+    """Write out/index.html, out/images/*.png and out/thumbnails.png; return the page's data.
 
+    `checkpoints` maps stage numbers to best.pt paths: those of needed_checkpoints()."""
     if samples < 1:
         raise ConfigError(f"--samples: {samples}; the viewer shows at least one sample")
+    command = "vcloud export-viewer"
+    checkpoints = require_checkpoints(needed_checkpoints(), checkpoints, command=command)
     cfg = load_model_config(config_path)
     torch.manual_seed(EVAL_SEED)
-    wind = load_wind_orders(cfg, stage=1, train=store, wind_cache=wind_cache, world_size=1)
-    predictors = {f"stage{n}": build_predictor(n, cfg, Path(results), wind) for n in (1, 2, 3)}
+    wind = load_wind_orders(cfg, store=store, wind_cache=wind_cache, world_size=1, command=command)
+    predictors = {stage.name: build_predictor(stage.number, cfg, checkpoints, wind) for stage in SHOWN}
     dataset = fixed_samples(store, cfg)
     reader = dataset.reader
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob(".staging-*"):  # left by a killed export
-        shutil.rmtree(stale, ignore_errors=True)
-    staging = out / f".staging-{os.getpid()}"
-    (staging / IMAGES).mkdir(parents=True)
+    staging = fresh_staging_dir(out)
+    (staging / IMAGES).mkdir()
     try:
         entries, sheet_rows = [], []
         for index in pick_samples(len(dataset), samples, seed):
@@ -180,7 +186,7 @@ def export_viewer(
             "cloud_classes": list(CLOUD_CLASSES),
             "layers": [{"key": layer.key, "label": layer.label, "swipe": layer.swipe} for layer in LAYERS],
             "methods": METHODS,
-            "sort_method": "stage3",
+            "sort_method": LAST,
             "samples": entries,
         }
         if sheet_rows:
@@ -194,7 +200,7 @@ def export_viewer(
         os.replace(staging / THUMBNAILS, out / THUMBNAILS)
         os.replace(staging / "index.html", out / "index.html")
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_path(staging)
     log.info("viewer: %d samples of %s -> %s", len(entries), store, out / "index.html")
     return data
 

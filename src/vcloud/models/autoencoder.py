@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from vcloud.config import AutoencoderConfig
+from vcloud.constants import OUTPUT_CHANNELS
 from vcloud.models.blocks import Downsample, ResBlock, Upsample, norm, output_head
 
 
@@ -17,7 +18,7 @@ class Autoencoder(nn.Module):
     The decoder mirrors it with nearest-neighbour upsampling.
     """
 
-    def __init__(self, cfg: AutoencoderConfig, *, in_channels: int = 13) -> None:
+    def __init__(self, cfg: AutoencoderConfig, *, in_channels: int = OUTPUT_CHANNELS) -> None:
         super().__init__()
         widths = tuple(cfg.widths)
         assert len(widths) >= 1, "autoencoder needs at least one width"

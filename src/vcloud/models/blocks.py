@@ -29,9 +29,7 @@ class GroupNorm(nn.GroupNorm):
         if self.weight is None or x.dtype == self.weight.dtype:
             return super().forward(x)
         with torch.autocast(x.device.type, enabled=False):
-            return F.group_norm(
-                x, self.num_groups, self.weight.to(x.dtype), self.bias.to(x.dtype), self.eps
-            )
+            return F.group_norm(x, self.num_groups, self.weight.to(x.dtype), self.bias.to(x.dtype), self.eps)
 
 
 class LayerNorm(nn.LayerNorm):
@@ -41,9 +39,7 @@ class LayerNorm(nn.LayerNorm):
         if self.weight is None or x.dtype == self.weight.dtype:
             return super().forward(x)
         with torch.autocast(x.device.type, enabled=False):
-            return F.layer_norm(
-                x, self.normalized_shape, self.weight.to(x.dtype), self.bias.to(x.dtype), self.eps
-            )
+            return F.layer_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.bias.to(x.dtype), self.eps)
 
 
 def norm(channels: int, *, groups: int = 8) -> GroupNorm:
@@ -111,9 +107,7 @@ def output_head(dim: int, dim_out: int) -> nn.Sequential:
     return nn.Sequential(norm(dim), nn.SiLU(), nn.Conv2d(dim, dim_out, 3, padding=1))
 
 
-def sinusoidal_embedding(
-    values: torch.Tensor, dim: int, *, max_period: float = 10000.0
-) -> torch.Tensor:
+def sinusoidal_embedding(values: torch.Tensor, dim: int, *, max_period: float = 10000.0) -> torch.Tensor:
     """(...,) float values -> (..., dim) fp32 sin/cos features at geometric frequencies."""
     assert dim % 2 == 0, f"embedding dim must be even, got {dim}"
     half = dim // 2

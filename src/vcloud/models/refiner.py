@@ -20,14 +20,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from vcloud.config import RefinerConfig
+from vcloud.constants import S1_BANDS
 from vcloud.models.blocks import Downsample, ResBlock, Upsample, output_head, sinusoidal_embedding
 
-CONDITION_EXTRA_CHANNELS = 3  # target date's S1 VV, VH and cloud probability
+CONDITION_EXTRA_CHANNELS = len(S1_BANDS) + 1  # target date's S1 VV, VH and cloud probability
 
 
-def refiner_condition(
-    draft_latent: torch.Tensor, s1: torch.Tensor, cloud_prob: torch.Tensor
-) -> torch.Tensor:
+def refiner_condition(draft_latent: torch.Tensor, s1: torch.Tensor, cloud_prob: torch.Tensor) -> torch.Tensor:
     """(B, Cz, h, w), (B, 2, H, W), (B, 1, H, W) or (B, H, W) -> cond (B, Cz + 3, h, w)."""
     if cloud_prob.ndim == 3:
         cloud_prob = cloud_prob[:, None]
@@ -39,9 +38,7 @@ def refiner_condition(
     assert s1.shape[-2] % h == 0 and s1.shape[-1] % w == 0, (
         f"image size {tuple(s1.shape[-2:])} is not a multiple of the latent size {(h, w)}"
     )
-    extra = F.adaptive_avg_pool2d(
-        torch.cat([s1, cloud_prob], dim=1).float(), (h, w)
-    )  # (B, 3, h, w)
+    extra = F.adaptive_avg_pool2d(torch.cat([s1, cloud_prob], dim=1).float(), (h, w))  # (B, 3, h, w)
     return torch.cat([draft_latent, extra.to(draft_latent.dtype)], dim=1)  # (B, Cz + 3, h, w)
 
 
@@ -65,12 +62,8 @@ class Refiner(nn.Module):
         self.down = nn.ModuleList()
         self.downsamplers = nn.ModuleList()
         for level, width in enumerate(widths):  # the stem / downsampler already gives `width`
-            self.down.append(
-                nn.ModuleList(ResBlock(width, emb_dim=emb) for _ in range(cfg.blocks_per_level))
-            )
-            self.downsamplers.append(
-                Downsample(width, widths[level + 1]) if level + 1 < len(widths) else nn.Identity()
-            )
+            self.down.append(nn.ModuleList(ResBlock(width, emb_dim=emb) for _ in range(cfg.blocks_per_level)))
+            self.downsamplers.append(Downsample(width, widths[level + 1]) if level + 1 < len(widths) else nn.Identity())
         self.mid = nn.ModuleList(ResBlock(widths[-1], emb_dim=emb) for _ in range(2))
         self.up = nn.ModuleList()
         self.upsamplers = nn.ModuleList()
@@ -78,8 +71,7 @@ class Refiner(nn.Module):
             width = widths[level]
             self.up.append(
                 nn.ModuleList(
-                    ResBlock(2 * width if b == 0 else width, width, emb_dim=emb)
-                    for b in range(cfg.blocks_per_level)
+                    ResBlock(2 * width if b == 0 else width, width, emb_dim=emb) for b in range(cfg.blocks_per_level)
                 )
             )
             self.upsamplers.append(Upsample(width, widths[level - 1]) if level else nn.Identity())
@@ -168,13 +160,9 @@ class DiffusionSchedule:
         The model predicts z0; the implied noise is (z_t - sqrt(abar) z0) / sqrt(1 - abar).
         `clip` bounds each step's z0 estimate to [-clip, clip]; None: no clipping.
         """
-        assert shape[0] == cond.shape[0], (
-            f"shape {tuple(shape)} and cond {tuple(cond.shape)} differ in batch"
-        )
+        assert shape[0] == cond.shape[0], f"shape {tuple(shape)} and cond {tuple(cond.shape)} differ in batch"
         device = generator.device if generator is not None else cond.device
-        z = torch.randn(shape, generator=generator, device=device, dtype=torch.float32).to(
-            cond.device
-        )
+        z = torch.randn(shape, generator=generator, device=device, dtype=torch.float32).to(cond.device)
         levels = self.sampling_timesteps(steps)
         for index, level in enumerate(levels):
             t = torch.full((shape[0],), level, device=cond.device, dtype=torch.long)
@@ -203,6 +191,4 @@ def ddim_sample(
     """DDIM sampling with the model's schedule (Refiner.timesteps, .schedule_kind) unless given."""
     if schedule is None:
         schedule = DiffusionSchedule(model.timesteps, kind=model.schedule_kind)
-    return schedule.ddim_sample(
-        model, cond, steps=steps, generator=generator, shape=shape, clip=clip
-    )
+    return schedule.ddim_sample(model, cond, steps=steps, generator=generator, shape=shape, clip=clip)

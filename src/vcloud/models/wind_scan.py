@@ -1,6 +1,6 @@
 """Wind-following token mixing: reorder patch tokens upwind -> downwind, mix, put them back.
 
-The scan orders come from the caller (vcloud.wind.cache reads them from the precomputed
+The scan orders come from the caller (vcloud.wind.scan_orders reads them from the precomputed
 file on every rank); this module does no file I/O. They are non-persistent buffers: they
 move with `.to(device)` but are not saved in checkpoints, because they are a function of
 the grid and the sector count, which the config records.
@@ -41,7 +41,7 @@ class WindScanMixing(nn.Module):
     orders given to `set_orders` (or the constructor); -1 means no reordering (grid row-major).
     A token grid smaller than the orders' grid (a training crop) scans in the orders restricted
     to an h x w window, which is the same order for every window of that shape (the key is
-    linear in position; see vcloud.wind.cache), so crops need no orders of their own.
+    linear in position; see vcloud.wind.scan_orders), so crops need no orders of their own.
     """
 
     orders: torch.Tensor | None
@@ -68,9 +68,7 @@ class WindScanMixing(nn.Module):
             self.set_orders(orders, inverse, grid=grid)
 
     @torch.no_grad()
-    def set_orders(
-        self, orders: torch.Tensor, inverse: torch.Tensor, *, grid: tuple[int, int] | None = None
-    ) -> None:
+    def set_orders(self, orders: torch.Tensor, inverse: torch.Tensor, *, grid: tuple[int, int] | None = None) -> None:
         """Install (S, N) scan orders of an (H, W) grid and their inverses (checked here, once).
 
         Without `grid` only token grids of exactly N tokens are accepted.
@@ -79,8 +77,7 @@ class WindScanMixing(nn.Module):
         orders = torch.as_tensor(orders).to(device=device, dtype=torch.long)  # (S, N)
         inverse = torch.as_tensor(inverse).to(device=device, dtype=torch.long)  # (S, N)
         assert orders.ndim == 2 and orders.shape == inverse.shape, (
-            f"orders and inverse must both be (S, N), got {tuple(orders.shape)} "
-            f"and {tuple(inverse.shape)}"
+            f"orders and inverse must both be (S, N), got {tuple(orders.shape)} and {tuple(inverse.shape)}"
         )
         n = orders.shape[1]
         in_range = bool(((orders >= 0) & (orders < n) & (inverse >= 0) & (inverse < n)).all())
@@ -96,9 +93,7 @@ class WindScanMixing(nn.Module):
     def _window(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(S, h*w) orders and inverses of an h x w window: the full orders restricted to it."""
         full_h, full_w = self.grid
-        assert h <= full_h and w <= full_w, (
-            f"token grid {h}x{w} is larger than the wind cache's grid {full_h}x{full_w}"
-        )
+        assert h <= full_h and w <= full_w, f"token grid {h}x{w} is larger than the wind cache's grid {full_h}x{full_w}"
         key = (h, w)
         if key not in self._windows or self._windows[key][0].device != self.orders.device:
             rows, cols = self.orders // full_w, self.orders % full_w  # (S, H*W)

@@ -134,7 +134,7 @@ def raw_budget(config: dict, budget: Budget) -> dict:
                 budget.items.append(Item("archive indexes", found.path, 1, found.path.stat().st_size))
                 for roi_text, folders in found.rois.items():
                     patches = set()
-                    for (kind, _), members in folders.items():
+                    for (_kind, _), members in folders.items():
                         for m in members:
                             try:
                                 patches.add(parse_name(m.name.rsplit("/", 1)[-1]).patch)
@@ -228,7 +228,7 @@ def _checkpoint_bytes(model_set, budget: Budget) -> dict[str, int]:
     """Bytes of one checkpoint file per stage (weights + Adam moments)."""
     if model_set is not None:
         try:
-            from vcloud.runtime.memory import parameter_counts
+            from vcloud.models.memory import parameter_counts
 
             counts = parameter_counts(model_set)
         except ImportError:  # torch is not on a LUMI login node

@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from vcloud.errors import ConfigError
+from vcloud.registry import STAGES
 from vcloud.runtime.lumi import (
     BILLING_SOURCE,
     Cluster,
@@ -26,7 +27,7 @@ from vcloud.runtime.lumi import (
     retries_needed,
 )
 
-TRAIN_RULES = tuple(f"train_stage{n}" for n in range(4))
+TRAIN_RULES = tuple(stage.train_rule for stage in STAGES)
 
 
 @dataclass
@@ -60,24 +61,29 @@ def bound_paths(apptainer_args: str) -> set[str]:
     return paths
 
 
-def check_container(cluster: Cluster, apptainer_args: str | None, precommand: str | None,
-                    report: Report) -> None:
+def check_container(cluster: Cluster, apptainer_args: str | None, precommand: str | None, report: Report) -> None:
     args = apptainer_args or ""
     if "--rocm" in shlex.split(args):
-        report.errors.append("apptainer-args: --rocm injects the host libdrm (GLIBC 2.33) into the "
-                             "GLIBC 2.31 image and crashes it; bind paths explicitly instead")
+        report.errors.append(
+            "apptainer-args: --rocm injects the host libdrm (GLIBC 2.33) into the "
+            "GLIBC 2.31 image and crashes it; bind paths explicitly instead"
+        )
     bound = bound_paths(args)
     for path in cluster.binds:
         if path.rstrip("/") not in bound:
-            report.errors.append(f"apptainer-args: bind {path} missing (cluster.binds; "
-                                 "regenerate the profile with `vcloud lumi-profile`)")
+            report.errors.append(
+                f"apptainer-args: bind {path} missing (cluster.binds; "
+                "regenerate the profile with `vcloud lumi-profile`)"
+            )
     if precommand is None:  # not known yet (the Snakefile at parse time)
         return
     libs = _containlibs(precommand)
     for lib in cluster.containlibs:
         if lib not in libs:
-            report.errors.append(f"precommand: {lib} not in SINGULARITY_CONTAINLIBS (without it: "
-                                 "'No HIP GPUs available'); regenerate the profile")
+            report.errors.append(
+                f"precommand: {lib} not in SINGULARITY_CONTAINLIBS (without it: "
+                "'No HIP GPUs available'); regenerate the profile"
+            )
 
 
 def _containlibs(precommand: str) -> set[str]:
@@ -85,7 +91,7 @@ def _containlibs(precommand: str) -> set[str]:
     for word in shlex.split(precommand.replace(";", " ; ")):
         for name in ("SINGULARITY_CONTAINLIBS=", "APPTAINER_CONTAINLIBS="):
             if word.startswith(name):
-                libs.update(word[len(name):].split(","))
+                libs.update(word[len(name) :].split(","))
     return libs
 
 
@@ -93,11 +99,9 @@ def _containlibs(precommand: str) -> set[str]:
 
 
 def rule_resources(config: dict, key: str, overrides: dict | None = None) -> RuleResources:
-    """A config entry's resources after `--set-resources` of its rule (`evaluate`: of
-    evaluate_stage0, since the four rules share the entry)."""
-    rule = f"{key}_stage0" if key in _RULES_PER_ENTRY else key
+    """A rule's resources entry (config key = rule name) after `--set-resources` of the rule."""
     res = RuleResources.from_config(config, key)
-    return res.with_overrides((overrides or {}).get(rule))
+    return res.with_overrides((overrides or {}).get(key))
 
 
 def check_resources(config: dict, cluster: Cluster, report: Report, overrides: dict | None = None) -> None:
@@ -106,33 +110,43 @@ def check_resources(config: dict, cluster: Cluster, report: Report, overrides: d
         where = f"resources.{key}"
         part = cluster.partitions.get(res.partition)
         if part is None:
-            report.errors.append(f"{where}.partition: {res.partition!r} is not one of "
-                                 f"{', '.join(cluster.partitions)}")
+            report.errors.append(f"{where}.partition: {res.partition!r} is not one of {', '.join(cluster.partitions)}")
             continue
         if res.runtime > part.max_runtime:
-            report.errors.append(f"{where}.runtime: {_hours(res.runtime)} is above the "
-                                 f"{part.name} limit of {_hours(part.max_runtime)}")
+            report.errors.append(
+                f"{where}.runtime: {_hours(res.runtime)} is above the {part.name} limit of {_hours(part.max_runtime)}"
+            )
         if res.nodes > part.max_nodes:
-            report.errors.append(f"{where}.nodes: {res.nodes} nodes do not fit {part.name} "
-                                 f"(at most {part.max_nodes}; several nodes: standard-g)")
+            report.errors.append(
+                f"{where}.nodes: {res.nodes} nodes do not fit {part.name} "
+                f"(at most {part.max_nodes}; several nodes: standard-g)"
+            )
         if part.gpus_per_node == 0 and res.gpus:
             report.errors.append(f"{where}.gpus: {part.name} has no GPUs; use a -g partition")
         elif part.gpus_per_node and not res.gpus:
-            report.errors.append(f"{where}.gpus: 0 on the GPU partition {part.name} (billed in "
-                                 "GPU hours); use small for CPU rules")
+            report.errors.append(
+                f"{where}.gpus: 0 on the GPU partition {part.name} (billed in GPU hours); use small for CPU rules"
+            )
         elif res.gpus > part.gpus_per_node:
-            report.errors.append(f"{where}.gpus: {res.gpus} per node, but a {part.name} node has "
-                                 f"{part.gpus_per_node} GCDs")
+            report.errors.append(
+                f"{where}.gpus: {res.gpus} per node, but a {part.name} node has {part.gpus_per_node} GCDs"
+            )
         elif part.full_nodes and res.gpus != part.gpus_per_node:
-            report.errors.append(f"{where}.gpus: {part.name} allocates and bills whole nodes; ask "
-                                 f"for all {part.gpus_per_node} GCDs or use small-g")
+            report.errors.append(
+                f"{where}.gpus: {part.name} allocates and bills whole nodes; ask "
+                f"for all {part.gpus_per_node} GCDs or use small-g"
+            )
         if res.gpus and res.gpus * res.cpus_per_gpu < 2:
-            report.errors.append(f"{where}.cpus_per_gpu: {res.gpus} x {res.cpus_per_gpu} = 1 core; a GPU "
-                                 "rule needs 2 (it runs its own job step, and the SLURM plugin "
-                                 "asks for 2 tasks per node: SLURM refuses more tasks than cores)")
+            report.errors.append(
+                f"{where}.cpus_per_gpu: {res.gpus} x {res.cpus_per_gpu} = 1 core; a GPU "
+                "rule needs 2 (it runs its own job step, and the SLURM plugin "
+                "asks for 2 tasks per node: SLURM refuses more tasks than cores)"
+            )
         if res.gpus and res.gpus * res.cpus_per_gpu > 56:
-            report.errors.append(f"{where}.cpus_per_gpu: {res.cpus_per_gpu} x {res.gpus} GCDs is "
-                                 "more than the 56 cores a LUMI-G node gives (7 per GCD)")
+            report.errors.append(
+                f"{where}.cpus_per_gpu: {res.cpus_per_gpu} x {res.gpus} GCDs is "
+                "more than the 56 cores a LUMI-G node gives (7 per GCD)"
+            )
 
 
 def _hours(minutes: int) -> str:
@@ -140,15 +154,13 @@ def _hours(minutes: int) -> str:
     return f"{days}-{rest // 60:02d}:{rest % 60:02d}:00"
 
 
-# Config entries shared by several rules: evaluate covers evaluate_stage0..3.
-_RULES_PER_ENTRY = {"evaluate": 4}
-
-
 def billed_hours(config: dict, cluster: Cluster, report: Report, overrides: dict | None = None) -> None:
     """What LUMI bills for each rule at its requested wall time (an upper bound: jobs stop
     when done, and a training rule's resubmissions add their restarts)."""
-    report.lines.append(f"Billed at the requested wall times ({BILLING_SOURCE}; GPU-h: 0.5 per "
-                        "GCD-hour on small-g/dev-g, 4 per node-hour on standard-g):")
+    report.lines.append(
+        f"Billed at the requested wall times ({BILLING_SOURCE}; GPU-h: 0.5 per "
+        "GCD-hour on small-g/dev-g, 4 per node-hour on standard-g):"
+    )
     totals = {"GPU-h": 0.0, "core-h": 0.0}
     for key in config["resources"]:
         res = rule_resources(config, key, overrides)
@@ -156,95 +168,124 @@ def billed_hours(config: dict, cluster: Cluster, report: Report, overrides: dict
         if part is None:
             continue  # named by check_resources
         bill = billing(res, part)
-        times = _RULES_PER_ENTRY.get(key, 1)
-        hours = times * bill.hours(res.runtime / 60)
+        hours = bill.hours(res.runtime / 60)
         totals[bill.unit] += hours
-        label = f"{key} x{times}" if times > 1 else key
-        report.lines.append(f"  {label:<16} {bill.per_hour:>6g} {bill.unit}/h x {res.runtime / 60:>6.1f} h "
-                            f"= {hours:>9.1f} {bill.unit}  ({bill.formula})")
+        report.lines.append(
+            f"  {key:<16} {bill.per_hour:>6g} {bill.unit}/h x {res.runtime / 60:>6.1f} h "
+            f"= {hours:>9.1f} {bill.unit}  ({bill.formula})"
+        )
     total = totals["GPU-h"]
     share = 100 * total / cluster.gpu_hour_budget if cluster.gpu_hour_budget else float("inf")
-    report.lines.append(f"  total {total:.1f} GPU-h of the {cluster.gpu_hour_budget:.0f} GPU-h "
-                        f"budget ({share:.1f} %), and {totals['core-h']:.1f} CPU core-h")
+    report.lines.append(
+        f"  total {total:.1f} GPU-h of the {cluster.gpu_hour_budget:.0f} GPU-h "
+        f"budget ({share:.1f} %), and {totals['core-h']:.1f} CPU core-h"
+    )
     if total > cluster.gpu_hour_budget:
-        report.errors.append(f"cluster.gpu_hour_budget: the requested wall times need {total:.0f} "
-                             f"GPU-h, more than the budget of {cluster.gpu_hour_budget:.0f}")
+        report.errors.append(
+            f"cluster.gpu_hour_budget: the requested wall times need {total:.0f} "
+            f"GPU-h, more than the budget of {cluster.gpu_hour_budget:.0f}"
+        )
 
 
-def check_resubmission(config: dict, model_set, cluster: Cluster, report: Report,
-                       overrides: dict | None = None, epoch_minutes: dict | None = None) -> None:
+def check_resubmission(
+    config: dict,
+    model_set,
+    cluster: Cluster,
+    report: Report,
+    overrides: dict | None = None,
+    epoch_minutes: dict | None = None,
+) -> None:
     """How snakemake carries each training stage past its wall time, and the warning."""
     report.lines.append(
         f"Wall time: SIGUSR1 {cluster.signal_seconds} s before each GPU job's limit; the trainer "
         "writes latest.pt and exits 3. SLURM requeues only on node failure or preemption; a "
-        "timeout or exit 3 is resubmitted by snakemake, up to each rule's retries:")
-    for stage in range(4):
-        rule = f"train_stage{stage}"
+        "timeout or exit 3 is resubmitted by snakemake, up to each rule's retries:"
+    )
+    for stage in STAGES:
+        rule = stage.train_rule
         if rule not in config["resources"]:
             continue
         res = rule_resources(config, rule, overrides)
         if cluster.signal_seconds * 2 > res.runtime * 60:
-            report.errors.append(f"cluster.signal_seconds: {cluster.signal_seconds} s is more than "
-                                 f"half of {rule}'s {res.runtime} min wall time")
+            report.errors.append(
+                f"cluster.signal_seconds: {cluster.signal_seconds} s is more than "
+                f"half of {rule}'s {res.runtime} min wall time"
+            )
             continue
-        epochs = getattr(model_set, f"stage{stage}").train.epochs
+        epochs = getattr(model_set, stage.name).train.epochs
         measured = (epoch_minutes or {}).get(rule)
         minutes = measured or res.epoch_minutes
         if minutes is None:
-            report.warnings.append(f"resources.{rule}.epoch_minutes: not set and not measured yet; "
-                                   f"{cluster.spare_retries} retries only")
+            report.warnings.append(
+                f"resources.{rule}.epoch_minutes: not set and not measured yet; {cluster.spare_retries} retries only"
+            )
             continue
-        retries = retries_needed(epochs=epochs, epoch_minutes=minutes, runtime=res.runtime,
-                                 signal_seconds=cluster.signal_seconds,
-                                 restart_minutes=cluster.restart_minutes, spare=cluster.spare_retries)
+        retries = retries_needed(
+            epochs=epochs,
+            epoch_minutes=minutes,
+            runtime=res.runtime,
+            signal_seconds=cluster.signal_seconds,
+            restart_minutes=cluster.restart_minutes,
+            spare=cluster.spare_retries,
+        )
         source = "measured" if measured else "estimated"
-        report.lines.append(f"  {rule:<16} {epochs} epochs x {minutes:.1f} min ({source}) in "
-                            f"{res.runtime} min jobs: {retries} retries")
+        report.lines.append(
+            f"  {rule:<16} {epochs} epochs x {minutes:.1f} min ({source}) in {res.runtime} min jobs: {retries} retries"
+        )
 
 
 # --- training -----------------------------------------------------------------------------
 
 
-def check_wind(config: dict, model_set, train_inputs: dict[str, set[str]], report: Report,
-               overrides: dict | None = None) -> None:
+def check_wind(
+    config: dict, model_set, train_inputs: dict[str, set[str]], report: Report, overrides: dict | None = None
+) -> None:
     """A distributed stage that scans by wind must read the cache file: computing the orders
     in the first forward pass deadlocked DDP from 16 to 400 GPUs on LUMI."""
     model = model_set.stage1.model
     if not model.wind_scan:
         return
     if not config["synthetic"]["enabled"] and not config["data"].get("wind_table"):
-        report.warnings.append("data.wind_table: null but stage1.model.wind_scan is on, so no sample "
-                               "has wind and nothing is scanned by it; set data.wind_table (rule "
-                               "era5_wind) or stage1.model.wind_scan: false")
-    for stage in (1, 2, 3):
-        rule = f"train_stage{stage}"
+        report.warnings.append(
+            "data.wind_table: null but stage1.model.wind_scan is on, so no sample "
+            "has wind and nothing is scanned by it; set data.wind_table (rule "
+            "era5_wind) or stage1.model.wind_scan: false"
+        )
+    for rule in (stage.train_rule for stage in STAGES if stage.reads_wind):
         res = rule_resources(config, rule, overrides)
         if res.world_size <= 1:
             continue
         if "wind_cache" not in train_inputs.get(rule, set()):
-            report.errors.append(f"{rule}: {res.world_size} ranks scan by wind but the rule does "
-                                 "not take the wind cache (results/wind/scan_orders.npz) as input")
+            report.errors.append(
+                f"{rule}: {res.world_size} ranks scan by wind but the rule does "
+                "not take the wind cache (results/wind/scan_orders.npz) as input"
+            )
         if model.wind_allow_recompute:
-            report.errors.append(f"{rule}: wind_allow_recompute is set but the stage runs on "
-                                 f"{res.world_size} ranks; recomputing is for one process only")
+            report.errors.append(
+                f"{rule}: wind_allow_recompute is set but the stage runs on "
+                f"{res.world_size} ranks; recomputing is for one process only"
+            )
 
 
 def check_memory(model_set, cluster: Cluster, report: Report, *, estimate=None) -> None:
     """The stage-1 step estimate (fake tensors, ~10 s) against one GCD."""
     try:
-        from vcloud.runtime.memory import estimate as run_estimate
+        from vcloud.models.memory import estimate as run_estimate
     except ImportError:  # torch is not on a LUMI login node
-        report.warnings.append("memory: not estimated (torch is not importable here); run "
-                               "`singularity exec <image> vcloud doctor` to check it")
+        report.warnings.append(
+            "memory: not estimated (torch is not importable here); run "
+            "`singularity exec <image> vcloud doctor` to check it"
+        )
         return
     result = estimate or run_estimate(model_set)
     gb = result["cfdt_gb_configured"]
-    report.lines.append(f"stage-1 memory estimate: {gb:.1f} GB per GCD (limit "
-                        f"{cluster.gcd_memory_gb:.0f} GB)")
+    report.lines.append(f"stage-1 memory estimate: {gb:.1f} GB per GCD (limit {cluster.gcd_memory_gb:.0f} GB)")
     if gb > cluster.gcd_memory_gb:
-        report.errors.append(f"memory: the stage-1 step needs about {gb:.1f} GB, more than the "
-                             f"{cluster.gcd_memory_gb:.0f} GB of one GCD; turn on the memory "
-                             "optimisations or lower the batch size in the model config")
+        report.errors.append(
+            f"memory: the stage-1 step needs about {gb:.1f} GB, more than the "
+            f"{cluster.gcd_memory_gb:.0f} GB of one GCD; turn on the memory "
+            "optimisations or lower the batch size in the model config"
+        )
 
 
 def measured_epoch_minutes(config: dict) -> dict[str, float]:
@@ -253,23 +294,31 @@ def measured_epoch_minutes(config: dict) -> dict[str, float]:
     from vcloud.runtime.lumi import measured_epoch_minutes as from_lines
 
     found = {}
-    for stage in range(4):
-        path = Path(config["paths"]["results"]) / f"stage{stage}" / "metrics.jsonl"
+    for stage in STAGES:
+        path = Path(config["paths"]["results"]) / stage.name / "metrics.jsonl"
         try:
             lines = path.read_text().splitlines()
         except OSError:
             continue
         if (minutes := from_lines(lines)) is not None:
-            found[f"train_stage{stage}"] = minutes
+            found[stage.train_rule] = minutes
     return found
 
 
 # --- entry points -------------------------------------------------------------------------
 
 
-def preflight(config: dict, model_set, *, apptainer_args: str | None, precommand: str | None,
-              train_inputs: dict[str, set[str]], memory: bool, overrides: dict | None = None,
-              epoch_minutes: dict | None = None) -> Report:
+def preflight(
+    config: dict,
+    model_set,
+    *,
+    apptainer_args: str | None,
+    precommand: str | None,
+    train_inputs: dict[str, set[str]],
+    memory: bool,
+    overrides: dict | None = None,
+    epoch_minutes: dict | None = None,
+) -> Report:
     """Every check; the Snakefile calls this with the workflow's own settings (overrides:
     `--set-resources` per rule, epoch_minutes: measured per training rule)."""
     cluster = Cluster.from_config(config)
@@ -319,24 +368,31 @@ def run(profile: Path, config_file: Path | None) -> Report:
         model_path = repo_paths(files[0])[0].parent.parent / model_path
     model_set = load_model_config(model_path)
     wind = model_set.stage1.model.wind_scan
-    inputs = {f"train_stage{n}": ({"wind_cache"} if n >= 1 and wind else set()) for n in range(4)}
-    report = preflight(config, model_set, apptainer_args=settings.get("apptainer-args"),
-                       precommand=settings.get("precommand"), train_inputs=inputs, memory=True,
-                       overrides=_profile_overrides(settings),
-                       epoch_minutes=measured_epoch_minutes(config))
+    inputs = {stage.train_rule: ({"wind_cache"} if stage.reads_wind and wind else set()) for stage in STAGES}
+    report = preflight(
+        config,
+        model_set,
+        apptainer_args=settings.get("apptainer-args"),
+        precommand=settings.get("precommand"),
+        train_inputs=inputs,
+        memory=True,
+        overrides=_profile_overrides(settings),
+        epoch_minutes=measured_epoch_minutes(config),
+    )
     cluster = Cluster.from_config(config)
     if cluster is not None:
         text = (Path(profile) / "config.yaml").read_text()
-        if text != render(cluster, source=_profile_source(settings, files),
-                          array_jobs=supports_array_jobs()):
-            report.errors.append(f"{profile}/config.yaml: stale, not generated from "
-                                 f"{files[-1]}; run `vcloud lumi-profile`")
+        if text != render(cluster, source=_profile_source(settings, files), array_jobs=supports_array_jobs()):
+            report.errors.append(
+                f"{profile}/config.yaml: stale, not generated from {files[-1]}; run `vcloud lumi-profile`"
+            )
     report.errors += version_problems()
     if cluster is not None:
         from vcloud.runtime.image import check as check_image
 
-        report.errors += check_image(image=cluster.image, env_image=cluster.env_image,
-                                     repo=repo_paths(files[0])[0].parent.parent)
+        report.errors += check_image(
+            image=cluster.image, env_image=cluster.env_image, repo=repo_paths(files[0])[0].parent.parent
+        )
     return report
 
 

@@ -31,14 +31,15 @@ STAMP = "vcloud-version"
 
 def version_stamp(repo: Path) -> str:
     from vcloud import __version__
-    from vcloud.data.store import git_revision
+    from vcloud.io import git_revision
 
     del repo  # the revision is the checkout's this module runs from
     return f"vcloud {__version__} {git_revision()}"
 
 
-def build_commands(*, base: str, repo: Path, build: Path, out: Path, mount: str = MOUNT,
-                   runner: str = "singularity") -> list[list[str]]:
+def build_commands(
+    *, base: str, repo: Path, build: Path, out: Path, mount: str = MOUNT, runner: str = "singularity"
+) -> list[list[str]]:
     """The commands, in order: venv inside the base image, packages, vcloud, squashfs."""
     exec_ = [runner, "exec", "-B", f"{build}:{mount}", "-B", str(repo), base]
     pip = [*exec_, f"{mount}/venv/bin/python", "-m", "pip", "install", "--no-cache-dir"]
@@ -47,14 +48,26 @@ def build_commands(*, base: str, repo: Path, build: Path, out: Path, mount: str 
         [*pip, "-r", str(repo / "containers" / "requirements-image.txt")],
         # --no-deps: torch and numpy stay the image's own builds.
         [*pip, "--no-deps", str(repo)],
-        [*exec_, f"{mount}/venv/bin/python", "-c",
-         "import vcloud, torch, zarr, xarray, s2cloudless; print('vcloud', vcloud.__version__, 'torch', torch.__version__)"],
+        [
+            *exec_,
+            f"{mount}/venv/bin/python",
+            "-c",
+            "import vcloud, torch, zarr, xarray, s2cloudless; print('vcloud', vcloud.__version__, 'torch', torch.__version__)",
+        ],
         ["mksquashfs", str(build), str(out), "-noappend", "-quiet", "-comp", "zstd"],
     ]
 
 
-def build(*, base: str, repo: Path, out: Path, mount: str | None = MOUNT, runner: str = "singularity",
-          workdir: Path | None = None, dry_run: bool = False) -> list[str]:
+def build(
+    *,
+    base: str,
+    repo: Path,
+    out: Path,
+    mount: str | None = MOUNT,
+    runner: str = "singularity",
+    workdir: Path | None = None,
+    dry_run: bool = False,
+) -> list[str]:
     """Build the squashfs environment at `out` (written beside it, renamed when complete).
 
     mount None: the build folder itself (for a runner that ignores binds, as the tests' one)."""
@@ -67,23 +80,29 @@ def build(*, base: str, repo: Path, out: Path, mount: str | None = MOUNT, runner
         if not Path(base).is_file():
             raise BadInputError(f"{base}: base image not found (cluster.base_image)")
         out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_root = Path(tempfile.mkdtemp(prefix=".vcloud-image-", dir=workdir or out.parent)) if not dry_run else out.parent / ".vcloud-image-XXXX"
+    tmp_root = (
+        Path(tempfile.mkdtemp(prefix=".vcloud-image-", dir=workdir or out.parent))
+        if not dry_run
+        else out.parent / ".vcloud-image-XXXX"
+    )
     folder = tmp_root / "env"
     partial = out.with_name(out.name + ".partial")
     try:
         if not dry_run:
             folder.mkdir()
             (folder / STAMP).write_text(version_stamp(repo) + "\n")
-        for command in build_commands(base=base, repo=Path(repo), build=folder, out=partial,
-                                      mount=mount or str(folder), runner=runner):
+        for command in build_commands(
+            base=base, repo=Path(repo), build=folder, out=partial, mount=mount or str(folder), runner=runner
+        ):
             lines.append(shlex.join(command))
             if dry_run:
                 continue
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode != 0:
                 tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
-                raise BadInputError(f"image build: `{shlex.join(command[:6])} ...` failed "
-                                    f"({done.returncode}): {tail[0]}")
+                raise BadInputError(
+                    f"image build: `{shlex.join(command[:6])} ...` failed ({done.returncode}): {tail[0]}"
+                )
         if not dry_run:
             partial.replace(out)
     finally:
@@ -99,8 +118,9 @@ def read_stamp(sqsh: Path) -> str | None:
         return None
     done = subprocess.run(["unsquashfs", "-cat", str(sqsh), STAMP], capture_output=True, text=True)
     if done.returncode != 0:
-        raise ConfigError(f"{sqsh}: not a vcloud environment ({STAMP} unreadable: "
-                          f"{(done.stderr.strip().splitlines() or ['?'])[-1]})")
+        raise ConfigError(
+            f"{sqsh}: not a vcloud environment ({STAMP} unreadable: {(done.stderr.strip().splitlines() or ['?'])[-1]})"
+        )
     return done.stdout.strip()
 
 
@@ -119,6 +139,7 @@ def check(*, image: str, env_image: str | None, repo: Path) -> list[str]:
         return problems + [str(err)]
     want = version_stamp(repo)
     if stamp is not None and stamp != want:
-        problems.append(f"cluster.env_image: {env_image} holds '{stamp}', this checkout is '{want}'; "
-                        "rebuild it with `vcloud image`")
+        problems.append(
+            f"cluster.env_image: {env_image} holds '{stamp}', this checkout is '{want}'; rebuild it with `vcloud image`"
+        )
     return problems

@@ -91,9 +91,7 @@ class Cluster:
         account = section["account"]
         if section.get("pylibs") and section.get("env_image"):
             raise ConfigError("cluster: pylibs and env_image both set; keep one (env_image: `vcloud image`)")
-        partitions = {
-            name: Partition(name=name, **values) for name, values in section["partitions"].items()
-        }
+        partitions = {name: Partition(name=name, **values) for name, values in section["partitions"].items()}
         return cls(
             name=section["name"],
             account=account,
@@ -142,8 +140,10 @@ class Cluster:
     def account_problem(self) -> str | None:
         """Why cluster.account cannot be submitted with, or None."""
         if _PLACEHOLDER.search(self.account):
-            return (f"cluster.account: {self.account!r} is a placeholder; set your LUMI project "
-                    "(e.g. project_465000123) in config/lumi.yaml")
+            return (
+                f"cluster.account: {self.account!r} is a placeholder; set your LUMI project "
+                "(e.g. project_465000123) in config/lumi.yaml"
+            )
         if not _ACCOUNT.match(self.account):
             return f"cluster.account: {self.account!r} is not a LUMI project (project_ and 9 digits)"
         return None
@@ -185,12 +185,18 @@ class RuleResources:
             per_gpu = None  # a CPU run of a GPU rule (e.g. gpus: 0 on the command line)
         if per_gpu is None and "mem_mb" not in entry:
             raise ConfigError(f"{where}: mem_mb is missing (mem_mb_per_gpu applies to GPU rules only)")
-        return cls(rule=rule or key, runtime=entry["runtime"],
-                   mem_mb=per_gpu * gpus if per_gpu is not None else entry["mem_mb"],
-                   threads=entry["threads"], partition=entry.get("partition", "small"),
-                   gpus=gpus, nodes=entry.get("nodes", 1),
-                   cpus_per_gpu=entry.get("cpus_per_gpu", 7), mem_mb_per_gpu=per_gpu,
-                   epoch_minutes=entry.get("epoch_minutes"))
+        return cls(
+            rule=rule or key,
+            runtime=entry["runtime"],
+            mem_mb=per_gpu * gpus if per_gpu is not None else entry["mem_mb"],
+            threads=entry["threads"],
+            partition=entry.get("partition", "small"),
+            gpus=gpus,
+            nodes=entry.get("nodes", 1),
+            cpus_per_gpu=entry.get("cpus_per_gpu", 7),
+            mem_mb_per_gpu=per_gpu,
+            epoch_minutes=entry.get("epoch_minutes"),
+        )
 
     @property
     def world_size(self) -> int:
@@ -218,12 +224,16 @@ class RuleResources:
         where = f"--set-resources {self.rule}"
         for name in _GEOMETRY:
             if name in overrides:
-                raise ConfigError(f"{where}:{name}: vcloud sets the task geometry itself; change "
-                                  f"gpu, nodes or cpus_per_gpu (or resources.{self.rule}) instead")
+                raise ConfigError(
+                    f"{where}:{name}: vcloud sets the task geometry itself; change "
+                    f"gpu, nodes or cpus_per_gpu (or resources.{self.rule}) instead"
+                )
         for name in ("mem", "mem_gb", "mem_mib", "mem_mb_per_cpu", "runtime_min", "time"):
             if name in overrides:
-                raise ConfigError(f"{where}:{name}: not followed by vcloud's launch, doctor and "
-                                  "accounting; use mem_mb or runtime (minutes)")
+                raise ConfigError(
+                    f"{where}:{name}: not followed by vcloud's launch, doctor and "
+                    "accounting; use mem_mb or runtime (minutes)"
+                )
         nodes = _int_override(overrides, "nodes", self.nodes, where)
         gpus = self.gpus
         if "gpu" in overrides:
@@ -240,17 +250,29 @@ class RuleResources:
             mem = self.mem_mb_per_gpu * gpus
         partition = overrides.get("slurm_partition", self.partition)
         return replace(
-            self, runtime=_int_override(overrides, "runtime", self.runtime, where), mem_mb=mem,
-            threads=threads if threads is not None else
-            _int_override(overrides, "cpus_per_task", self.threads, where),
-            partition=str(partition), gpus=gpus, nodes=nodes,
+            self,
+            runtime=_int_override(overrides, "runtime", self.runtime, where),
+            mem_mb=mem,
+            threads=threads if threads is not None else _int_override(overrides, "cpus_per_task", self.threads, where),
+            partition=str(partition),
+            gpus=gpus,
+            nodes=nodes,
             cpus_per_gpu=_int_override(overrides, "cpus_per_gpu", self.cpus_per_gpu, where),
         )
 
 
 # Resource names of the plugin that set tasks or GPUs other than through `gpu`/`nodes`.
-_GEOMETRY = ("tasks", "tasks_per_gpu", "tasks_per_node", "mpi", "gpus", "gres", "gpu_model",
-             "nvidia_gpu", "mem_mb_per_gpu")
+_GEOMETRY = (
+    "tasks",
+    "tasks_per_gpu",
+    "tasks_per_node",
+    "mpi",
+    "gpus",
+    "gres",
+    "gpu_model",
+    "nvidia_gpu",
+    "mem_mb_per_gpu",
+)
 
 
 def _int_override(overrides: dict, name: str, default: int, where: str) -> int:
@@ -299,11 +321,11 @@ def billing(res: RuleResources, part: Partition) -> Billing:
         gcds = res.gpus * res.nodes
         cores = math.ceil(res.cores / _CORES_PER_GCD_SLICE)
         mem = math.ceil(res.mem_mb * res.nodes / _MEM_PER_GCD_SLICE_MB)
-        return Billing("GPU-h", 0.5 * max(cores, mem, gcds),
-                       f"0.5 x max({cores} core slices, {mem} memory slices, {gcds} GCDs)")
+        return Billing(
+            "GPU-h", 0.5 * max(cores, mem, gcds), f"0.5 x max({cores} core slices, {mem} memory slices, {gcds} GCDs)"
+        )
     if part.full_nodes:
-        return Billing("core-h", _CORES_PER_CPU_NODE * res.nodes,
-                       f"{_CORES_PER_CPU_NODE} x {res.nodes} nodes")
+        return Billing("core-h", _CORES_PER_CPU_NODE * res.nodes, f"{_CORES_PER_CPU_NODE} x {res.nodes} nodes")
     mem = math.ceil(res.mem_mb * res.nodes / _MEM_PER_CORE_MB)
     return Billing("core-h", max(res.cores, mem), f"max({res.cores} cores, {mem} x 2 GB)")
 
@@ -317,8 +339,9 @@ def signal_option(seconds: int) -> str:
     return f"--signal=USR1@{seconds}"
 
 
-def retries_needed(*, epochs: int, epoch_minutes: float, runtime: int, signal_seconds: int,
-                   restart_minutes: float, spare: int) -> int:
+def retries_needed(
+    *, epochs: int, epoch_minutes: float, runtime: int, signal_seconds: int, restart_minutes: float, spare: int
+) -> int:
     """Resubmissions a training rule needs to finish `epochs` at `epoch_minutes` each.
 
     A job trains for its wall time less the warning (spent writing latest.pt) and the restart
@@ -327,8 +350,10 @@ def retries_needed(*, epochs: int, epoch_minutes: float, runtime: int, signal_se
     """
     useful = runtime - signal_seconds / 60 - restart_minutes
     if useful <= 0:
-        raise ConfigError(f"runtime {runtime} min leaves no training time after the "
-                          f"{signal_seconds} s warning and {restart_minutes} min restart")
+        raise ConfigError(
+            f"runtime {runtime} min leaves no training time after the "
+            f"{signal_seconds} s warning and {restart_minutes} min restart"
+        )
     jobs = math.ceil(epochs * epoch_minutes / useful)
     return max(jobs - 1, 0) + spare
 
@@ -346,11 +371,16 @@ def measured_epoch_minutes(metrics_lines: list[str]) -> float | None:
             continue  # a torn last line of a killed write
         if isinstance(row, dict):
             rows.append(row)
-    gaps = [b["wall_time"] - a["wall_time"] for a, b in zip(rows, rows[1:])
-            if isinstance(a.get("wall_time"), (int, float)) and isinstance(b.get("wall_time"), (int, float))
-            and b.get("epoch", 0) == a.get("epoch", -2) + 1]
-    values = [g for g in gaps if g > 0] or [r["epoch_s"] for r in rows
-                                           if isinstance(r.get("epoch_s"), (int, float)) and r["epoch_s"] > 0]
+    gaps = [
+        b["wall_time"] - a["wall_time"]
+        for a, b in zip(rows, rows[1:])
+        if isinstance(a.get("wall_time"), (int, float))
+        and isinstance(b.get("wall_time"), (int, float))
+        and b.get("epoch", 0) == a.get("epoch", -2) + 1
+    ]
+    values = [g for g in gaps if g > 0] or [
+        r["epoch_s"] for r in rows if isinstance(r.get("epoch_s"), (int, float)) and r["epoch_s"] > 0
+    ]
     if not values:
         return None
     values.sort()
@@ -408,8 +438,9 @@ def launch_prefix(res: RuleResources, cluster: Cluster | None) -> str:
     """What goes before a rule's `vcloud ...` command to start one process per GPU."""
     if cluster is None:
         if res.multinode:
-            raise ConfigError(f"resources.{res.rule}.nodes: {res.nodes} nodes need a cluster "
-                              "section (config/lumi.yaml)")
+            raise ConfigError(
+                f"resources.{res.rule}.nodes: {res.nodes} nodes need a cluster section (config/lumi.yaml)"
+            )
         return torchrun(res.gpus) if res.gpus > 1 else ""
     if not self_launched(res, cluster):
         return ""
@@ -428,8 +459,9 @@ def step_prefix(res: RuleResources, cluster: Cluster, *, tasks_per_node: int | N
     if res.gpus and res.multinode or (res.gpus and tasks_per_node):
         masks = cluster.cpu_masks[:tasks]
         if len(masks) < tasks:
-            raise ConfigError(f"cluster.cpu_masks: {len(cluster.cpu_masks)} masks for "
-                              f"{tasks} tasks per node ({res.rule})")
+            raise ConfigError(
+                f"cluster.cpu_masks: {len(cluster.cpu_masks)} masks for {tasks} tasks per node ({res.rule})"
+            )
         geometry += [f"--gpus-per-node={res.gpus}", f"--cpu-bind=mask_cpu:{','.join(masks)}"]
     elif res.gpus:  # one task holding every GCD and core of the allocation
         geometry += [f"--gpus-per-node={res.gpus}", f"--cpus-per-task={res.gpus * res.cpus_per_gpu}"]
@@ -444,8 +476,7 @@ def step_prefix(res: RuleResources, cluster: Cluster, *, tasks_per_node: int | N
             "export APPTAINERENV_MASTER_ADDR=$SINGULARITYENV_MASTER_ADDR",
             "export APPTAINERENV_MASTER_PORT=$SINGULARITYENV_MASTER_PORT",
         ]
-    run = (f"srun {' '.join(geometry)} singularity exec {cluster.apptainer_args()} "
-           f"{shlex.quote(cluster.image)}")
+    run = f"srun {' '.join(geometry)} singularity exec {cluster.apptainer_args()} {shlex.quote(cluster.image)}"
     if res.gpus > 1 and not res.multinode and not tasks_per_node:
         # torchrun dies of SIGUSR1 (its agent handles TERM/INT/HUP/QUIT only) and takes the
         # ranks with it mid-save: it starts with USR1 ignored; each rank installs its handler.

@@ -14,6 +14,7 @@ import yaml
 
 from vcloud.config import fill_defaults, read_yaml, validate_config
 from vcloud.errors import ConfigError
+from vcloud.io import atomic_write_text
 from vcloud.runtime.lumi import Cluster
 
 HEADER = """\
@@ -82,8 +83,10 @@ def version_problems() -> list[str]:
         if have is None:
             found.append(f"{package}: not installed (need >= {want} on the host)")
         elif have < floor:
-            found.append(f"{package}: {'.'.join(map(str, have))} is older than {want} (known bugs: "
-                         "see README, On LUMI); pip install -U it on the host")
+            found.append(
+                f"{package}: {'.'.join(map(str, have))} is older than {want} (known bugs: "
+                "see README, On LUMI); pip install -U it on the host"
+            )
     return found
 
 
@@ -139,10 +142,7 @@ def write_profile(config_file: Path, out: Path, *, check: bool = False) -> str:
         if not out.is_file() or out.read_text() != text:
             raise ConfigError(f"{out}: stale, not generated from {config_file}; run `vcloud lumi-profile`")
         return f"{out}: up to date with {config_file}"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(out)
+    atomic_write_text(out, text)
     return f"{out}: written from {config_file}"
 
 

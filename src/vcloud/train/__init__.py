@@ -1,1 +1,1 @@
-"""Training: trainer loop, checkpoints, curriculum, distributed set-up and metrics."""
+"""Training: the trainer loop, checkpoints, records, the stage builders and distributed set-up."""

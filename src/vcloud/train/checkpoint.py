@@ -22,7 +22,6 @@ Under DDP only rank 0 writes (the caller's job); every rank may read.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import signal
 from collections import OrderedDict
@@ -33,6 +32,8 @@ import numpy as np
 import torch
 
 from vcloud.errors import BadInputError
+from vcloud.io import atomic_open, provenance
+from vcloud.io import remove_leftover_temps as _remove_temps
 
 log = logging.getLogger(__name__)
 
@@ -53,18 +54,8 @@ def save_checkpoint(path: Path, state: dict) -> None:
     """
     path = Path(path)
     _check_loadable(state, "state")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+    with atomic_open(path, "wb") as handle:
+        torch.save(state, handle)
 
 
 def load_checkpoint(path: Path, *, mmap: bool = False) -> dict:
@@ -93,13 +84,9 @@ def load_checkpoint(path: Path, *, mmap: bool = False) -> dict:
 
 def checkpoint_meta(*, stage: int, config_hash: str) -> dict:
     """What every checkpoint records about where it came from; spread into the top level."""
-    from vcloud import __version__
-    from vcloud.data.store import git_revision
-
     return {
         "format_version": FORMAT_VERSION,
-        "vcloud_version": __version__,
-        "git_revision": git_revision(),
+        **provenance(),
         "torch_version": str(torch.__version__),  # TorchVersion is a str subclass: not loadable
         "stage": int(stage),
         "config_hash": str(config_hash),
@@ -124,20 +111,6 @@ def _check_loadable(value, where: str) -> None:
             f"{where}: a {kind.__module__}.{kind.__name__} cannot be loaded with weights_only=True; "
             "convert it to a tensor, number, string, list or dict"
         )
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make the rename itself durable (POSIX); harmless where folders cannot be opened."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # --- random number generator state ------------------------------------------------------------
@@ -179,8 +152,12 @@ def restore_rng_state(state: dict) -> None:
     if cuda and torch.cuda.is_available():
         count = torch.cuda.device_count()
         if count != len(cuda):
-            log.warning("checkpoint has CUDA RNG states for %d devices, %d visible now; restoring %d",
-                        len(cuda), count, min(count, len(cuda)))
+            log.warning(
+                "checkpoint has CUDA RNG states for %d devices, %d visible now; restoring %d",
+                len(cuda),
+                count,
+                min(count, len(cuda)),
+            )
         for index, device_state in enumerate(cuda[:count]):
             torch.cuda.set_rng_state(device_state.cpu(), index)
 
@@ -237,13 +214,16 @@ def resume_decision(latest: Path, best: Path, config_hash: str, *, stage: int | 
     state = load_checkpoint(latest, mmap=True)
     saved_hash = state.get("config_hash")
     if saved_hash != config_hash:
-        log.info("starting fresh: hyperparameters changed (%s has config hash %s, the config now %s)",
-                 latest, saved_hash, config_hash)
+        log.info(
+            "starting fresh: hyperparameters changed (%s has config hash %s, the config now %s)",
+            latest,
+            saved_hash,
+            config_hash,
+        )
         return "fresh"
     finished = bool(state.get("finished", False))
     if finished and not best.exists():
-        log.info("starting fresh: %s is finished but %s is missing (output removed to force a rerun)",
-                 latest, best)
+        log.info("starting fresh: %s is finished but %s is missing (output removed to force a rerun)", latest, best)
         return "fresh"
     if finished:
         log.info("resuming: %s is finished and %s exists; nothing left to do", latest, best)
@@ -258,11 +238,7 @@ def remove_leftover_temps(folder: Path) -> list[Path]:
     Call it while holding the folder's lock: then no other process of ours writes there,
     and every such file is a leftover, whatever its pid.
     """
-    removed = []
-    for tmp in sorted(Path(folder).glob(".*.tmp-*")):
-        if tmp.is_file() and tmp.name.rsplit(".tmp-", 1)[1].isdigit():
-            tmp.unlink(missing_ok=True)
-            removed.append(tmp)
+    removed = _remove_temps(folder)
     if removed:
         log.info("removed %d leftover temp file(s) of killed writes in %s", len(removed), folder)
     return removed

@@ -48,8 +48,9 @@ class DistEnv:
     source: Literal["torchrun", "slurm", "single"]
 
 
-SINGLE = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1",
-                 master_port=DEFAULT_PORT_BASE, source="single")
+SINGLE = DistEnv(
+    rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=DEFAULT_PORT_BASE, source="single"
+)
 
 
 def detect(environ: Mapping[str, str] = os.environ) -> DistEnv:
@@ -80,8 +81,9 @@ def _from_torchrun(environ: Mapping[str, str]) -> DistEnv:
     else:
         addr = _str(environ, "MASTER_ADDR")
         port = _port(environ, "MASTER_PORT")
-    return DistEnv(rank=rank, world_size=world, local_rank=local_rank, master_addr=addr,
-                   master_port=port, source="torchrun")
+    return DistEnv(
+        rank=rank, world_size=world, local_rank=local_rank, master_addr=addr, master_port=port, source="torchrun"
+    )
 
 
 def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
@@ -93,11 +95,14 @@ def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
     if environ.get("MASTER_ADDR", "").strip():
         addr = environ["MASTER_ADDR"].strip()
     else:
-        name = next((n for n in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
-                     if environ.get(n)), None)
+        name = next(
+            (n for n in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST") if environ.get(n)), None
+        )
         if name is None:
-            raise ConfigError("environment variable MASTER_ADDR: not set, and no SLURM_JOB_NODELIST "
-                              "or SLURM_NODELIST to take the first host from")
+            raise ConfigError(
+                "environment variable MASTER_ADDR: not set, and no SLURM_JOB_NODELIST "
+                "or SLURM_NODELIST to take the first host from"
+            )
         try:
             addr = expand_hostlist(environ[name])[0]
         except ValueError as err:
@@ -107,11 +112,13 @@ def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
     else:
         job_name = "SLURM_JOB_ID" if "SLURM_JOB_ID" in environ else "SLURM_JOBID"
         if job_name not in environ:
-            raise ConfigError("environment variable SLURM_JOB_ID: not set (needed to derive "
-                              "MASTER_PORT; or set MASTER_PORT)")
+            raise ConfigError(
+                "environment variable SLURM_JOB_ID: not set (needed to derive MASTER_PORT; or set MASTER_PORT)"
+            )
         port = DEFAULT_PORT_BASE + _int(environ, job_name, minimum=0) % 1000
-    return DistEnv(rank=rank, world_size=world, local_rank=local_rank, master_addr=addr,
-                   master_port=port, source="slurm")
+    return DistEnv(
+        rank=rank, world_size=world, local_rank=local_rank, master_addr=addr, master_port=port, source="slurm"
+    )
 
 
 def _str(environ: Mapping[str, str], name: str) -> str:
@@ -221,8 +228,9 @@ def init_process_group(env: DistEnv, *, device: str, timeout_s: float = 600) -> 
         # Before init so NCCL binds this rank's GCD; the modulo covers both layouts on LUMI:
         # every GCD visible (index = local rank) or one per task (index 0).
         torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
-    dist.init_process_group(backend, init_method="env://", rank=env.rank, world_size=env.world_size,
-                            timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        backend, init_method="env://", rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=timeout_s)
+    )
 
 
 def device_for(env: DistEnv) -> str:
@@ -319,6 +327,8 @@ def describe(env: DistEnv, device: str, *, environ: Mapping[str, str] = os.envir
     where = device
     if device == "cuda" and torch.cuda.is_available():
         where = f"cuda:{torch.cuda.current_device()} of {torch.cuda.device_count()}"
-    return (f"rank {env.rank}/{env.world_size} local {env.local_rank} ({env.source}) on "
-            f"{socket.gethostname()} master {env.master_addr}:{env.master_port} device {where} "
-            f"{visible} cpu affinity {cpu_affinity_mask()}")
+    return (
+        f"rank {env.rank}/{env.world_size} local {env.local_rank} ({env.source}) on "
+        f"{socket.gethostname()} master {env.master_addr}:{env.master_port} device {where} "
+        f"{visible} cpu affinity {cpu_affinity_mask()}"
+    )

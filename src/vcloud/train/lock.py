@@ -64,8 +64,7 @@ def _slurm_job_gone(job_id: str) -> bool:
     if not shutil.which("squeue"):
         return False
     try:
-        proc = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
-                              text=True, timeout=30)
+        proc = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return False
     if proc.returncode == 0:
@@ -75,8 +74,10 @@ def _slurm_job_gone(job_id: str) -> bool:
 
 def describe_holder(holder: dict) -> str:
     job = holder.get("slurm_job_id")
-    return (f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, "
-            f"SLURM job {job if job else 'none'}, since {holder.get('since', '?')}")
+    return (
+        f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, "
+        f"SLURM job {job if job else 'none'}, since {holder.get('since', '?')}"
+    )
 
 
 class OutputLock:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 from vcloud.errors import ConfigError
+from vcloud.io import atomic_open
 
 TENSORBOARD_DIR = "tensorboard"
 _NOT_SCALARS = {"epoch", "wall_time", "world_size", "best"}
@@ -27,18 +27,9 @@ def plain(record: dict) -> dict:
 
 def write_metrics(path: Path, rows: list[dict]) -> None:
     """Replace `path` with one JSON line per row, atomically (temp file, fsync, rename)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w") as handle:
-            for row in rows:
-                handle.write(json.dumps(row) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_open(path, "w") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -8,29 +8,12 @@ from pathlib import Path
 import torch
 
 from vcloud.config import config_hash, load_model_config, stage_config_dict
-from vcloud.errors import ConfigError
+from vcloud.registry import get_stage
 from vcloud.runtime.env import log_gpu_state
 from vcloud.train import distributed
+from vcloud.wind.stage_orders import load_wind_orders
 
 log = logging.getLogger(__name__)
-
-def load_wind_orders(cfg, *, stage: int, train: Path, wind_cache: Path | None, world_size: int):
-    """The wind cache for a wind-scanning CFDT, checked against the data's whole-patch token grid
-    (training crops scan in the orders restricted to their window: models/wind_scan.py)."""
-    model = cfg.stage1.model
-    if stage == 0 or not model.wind_scan:
-        return None
-    from vcloud.data.reader import StoreReader
-    from vcloud.wind.cache import get_scan_orders
-
-    if wind_cache is None and not (model.wind_allow_recompute and world_size == 1):
-        raise ConfigError(f"vcloud train --stage {stage}: stage1.model.wind_scan is on; pass --wind-cache FILE")
-    _, _, height, width = StoreReader(train).shape
-    scale = 2 ** (len(model.widths) - 1)  # the CFDT's coarsest level
-    return get_scan_orders(
-        wind_cache or Path("<no --wind-cache>"), grid_h=height // scale, grid_w=width // scale,
-        sectors=model.wind_sectors, world_size=world_size, allow_recompute=model.wind_allow_recompute,
-    )  # fmt: skip
 
 
 def run_training(
@@ -45,34 +28,26 @@ def run_training(
     wind_cache: Path | None = None,
     progress: bool = True,
 ) -> dict:
-    from vcloud.train import stages
     from vcloud.train.trainer import Trainer
 
+    spec = get_stage(stage)
     cfg = load_model_config(config_path)
-    checkpoints = checkpoints or {}
-    needed = {2: (0, 1), 3: (0, 1, 2)}.get(stage, ())
-    missing = [f"--stage{n}" for n in needed if n not in checkpoints]
-    if missing:
-        raise ConfigError(f"vcloud train --stage {stage} needs {' and '.join(missing)} CHECKPOINT")
+    upstream = spec.upstream_checkpoints(checkpoints or {})
     env = distributed.detect()
     # Before any collective: every rank reads the same file, or every rank fails here alone
     # (never a recompute under DDP - that is what deadlocked 16 to 400 GPUs on LUMI).
-    wind = load_wind_orders(cfg, stage=stage, train=train, wind_cache=wind_cache, world_size=env.world_size)
+    wind = None
+    if spec.reads_wind:
+        wind = load_wind_orders(cfg, store=train, wind_cache=wind_cache, world_size=env.world_size,
+                                command=f"vcloud train --stage {stage}")  # fmt: skip
     device = distributed.device_for(env)
     distributed.init_process_group(env, device=device)
     try:
         log.info(distributed.describe(env, device))
         log_gpu_state(env.local_rank)
-        stage_cfg = getattr(cfg, f"stage{stage}")
+        stage_cfg = getattr(cfg, spec.name)
         torch.manual_seed(stage_cfg.train.seed)  # identical initial weights on every rank
-        kwargs = {"train": train, "val": val}
-        if stage >= 1:
-            kwargs["wind"] = wind
-        if stage >= 2:
-            kwargs.update(stage0_ckpt=checkpoints[0], stage1_ckpt=checkpoints[1])
-        if stage == 3:
-            kwargs.update(stage2_ckpt=checkpoints[2], device=device)
-        task = getattr(stages, f"stage{stage}")(cfg, **kwargs)
+        task = spec.build(cfg, train=train, val=val, checkpoints=upstream, wind=wind, device=device)
         picked = stage_config_dict(cfg, stage)
         trainer = Trainer(
             task,

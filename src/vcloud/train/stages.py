@@ -25,21 +25,28 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from vcloud.config import ModelSetConfig
-from vcloud.constants import CLOUD_CLASSES
+from vcloud.constants import CLOUD_CLASSES, S2_CHANNELS, S2CLOUDLESS_KWARGS
 from vcloud.data.samples import ClearImages, CloudySamples, EpochConcat, UnlabelledSamples, crop_item, finish_batch
+from vcloud.evaluation.metrics import compute_all
 from vcloud.models.autoencoder import Autoencoder
 from vcloud.models.cfdt import CFDT
-from vcloud.models.refiner import DiffusionSchedule, Refiner, ddim_sample, refiner_condition
+from vcloud.models.refiner import (
+    CONDITION_EXTRA_CHANNELS,
+    DiffusionSchedule,
+    Refiner,
+    ddim_sample,
+    refiner_condition,
+)
 from vcloud.train.checkpoint import load_checkpoint
-from vcloud.train.metrics import compute_all
 from vcloud.train.trainer import StageTask
-from vcloud.wind.cache import WindCache, sector_from_wind
+from vcloud.wind.scan_orders import WindCache, sector_from_wind
 
 log = logging.getLogger(__name__)
 
 SELF_TRAINING_RULE = (
     "keep when mean |seed_i - mean| <= stage3.self_training.max_seed_spread and mean |label - input| "
-    "over pixels with cloud probability < 0.4 <= stage3.self_training.max_visible_error"
+    f"over pixels with cloud probability < {S2CLOUDLESS_KWARGS['threshold']} "
+    "<= stage3.self_training.max_visible_error"
 )
 VAL_SEED = 12345  # the validation clouds are the same every epoch and every run
 EVAL_KINDS = tuple(CLOUD_CLASSES[1:])  # thin, thick, opaque
@@ -69,12 +76,12 @@ def _cloudy(cfg: ModelSetConfig, store: Path, *, train: bool, stage_epochs: int,
         cur = cfg.stage1.curriculum
         return CloudySamples(
             store, dates=d.input_dates, length=d.samples_per_epoch, seed=cfg.stage1.train.seed,
-            crop=d.crop, clear_max_cover=d.clear_max_cover, epochs=stage_epochs,
+            crop=d.crop, clear_max_cover=d.clear_target_max_cover, epochs=stage_epochs,
             mixed_from=cur.mixed_from, all_from=cur.all_from, raw=raw,
         )  # fmt: skip
     return CloudySamples(
         store, dates=d.input_dates, length=d.val_samples, seed=VAL_SEED, crop=None,
-        clear_max_cover=d.clear_max_cover, kinds=EVAL_KINDS, raw=raw,
+        clear_max_cover=d.clear_target_max_cover, kinds=EVAL_KINDS, raw=raw,
     )  # fmt: skip
 
 
@@ -91,7 +98,7 @@ def _on_device(task: StageTask) -> StageTask:
     return task
 
 
-def _draft(cfdt: nn.Module, batch: dict) -> torch.Tensor:
+def cfdt_draft(cfdt: nn.Module, batch: dict) -> torch.Tensor:
     sectors = None
     if getattr(_unwrap(cfdt), "wind", None) is not None:
         sectors = wind_sectors(batch["wind"], _unwrap(cfdt).wind_sectors)
@@ -108,9 +115,7 @@ def install_wind_orders(cfdt: nn.Module, cache: WindCache | None) -> nn.Module:
     """Give a wind-scanning CFDT its scan orders (read from the cache file on every rank)."""
     if cfdt.wind is not None:
         assert cache is not None, "a wind_scan model needs the wind cache"
-        cfdt.set_wind_orders(
-            torch.from_numpy(cache.orders), torch.from_numpy(cache.inverse), grid=cache.grid
-        )
+        cfdt.set_wind_orders(torch.from_numpy(cache.orders), torch.from_numpy(cache.inverse), grid=cache.grid)
         cfdt.wind_sectors = cache.sectors
     return cfdt
 
@@ -129,8 +134,8 @@ def stage0(cfg: ModelSetConfig, *, train: Path, val: Path) -> StageTask:
         stage=0,
         model=model,
         train_set=ClearImages(train, length=d.samples_per_epoch, seed=cfg.stage0.train.seed, crop=d.crop,
-                              clear_max_cover=d.clear_max_cover, raw=True),
-        val_set=ClearImages(val, length=d.val_samples, seed=VAL_SEED, clear_max_cover=d.clear_max_cover, raw=True),
+                              clear_max_cover=d.clear_target_max_cover, raw=True),
+        val_set=ClearImages(val, length=d.val_samples, seed=VAL_SEED, clear_max_cover=d.clear_target_max_cover, raw=True),
         loss=loss,
         validate=validate,
     ))  # fmt: skip
@@ -141,10 +146,10 @@ def stage1(cfg: ModelSetConfig, *, train: Path, val: Path, wind: WindCache | Non
     model = install_wind_orders(CFDT(cfg.stage1.model), wind)
 
     def loss(m, batch):
-        return F.l1_loss(_draft(m, batch), batch["target"])
+        return F.l1_loss(cfdt_draft(m, batch), batch["target"])
 
     def validate(m, batch):
-        return compute_all(_draft(m, batch).float().clamp(0, 1), batch["target"].float())
+        return compute_all(cfdt_draft(m, batch).float().clamp(0, 1), batch["target"].float())
 
     def on_epoch_start(epoch):
         return {"curriculum": "+".join(train_set.kinds_at(epoch))}
@@ -184,7 +189,7 @@ class RefinerPipeline(nn.Module):
     @torch.no_grad()
     def condition(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(draft, draft latent, refiner condition) for a batch."""
-        draft = _draft(self.cfdt, batch)
+        draft = cfdt_draft(self.cfdt, batch)
         latent = self.autoencoder.encode(draft)
         return draft, latent, refiner_condition(latent, batch["target_s1"], batch["target_prob"])
 
@@ -207,7 +212,9 @@ class RefinerPipeline(nn.Module):
         draft, draft_latent, cond = self.condition(batch)
         shape = tuple(draft_latent.shape)
         generator = torch.Generator(device=cond.device).manual_seed(seed)
-        residual = ddim_sample(self.refiner, cond, steps=steps, generator=generator, shape=shape, schedule=self.schedule)
+        residual = ddim_sample(
+            self.refiner, cond, steps=steps, generator=generator, shape=shape, schedule=self.schedule
+        )
         correction = self.autoencoder.decode(draft_latent + residual.to(draft_latent.dtype))
         correction = correction - self.autoencoder.decode(draft_latent)
         return (draft.float() + correction.float()).clamp(0, 1)
@@ -219,7 +226,7 @@ def build_pipeline(
     autoencoder = load_frozen(Autoencoder(cfg.stage0.model), stage0_ckpt, stage=0)
     cfdt = install_wind_orders(load_frozen(CFDT(cfg.stage1.model), stage1_ckpt, stage=1), wind)
     latent = cfg.stage0.model.latent_channels
-    refiner = Refiner(cfg.stage2.model, latent_channels=latent, cond_channels=latent + 3)
+    refiner = Refiner(cfg.stage2.model, latent_channels=latent, cond_channels=latent + CONDITION_EXTRA_CHANNELS)
     return RefinerPipeline(
         autoencoder, cfdt, refiner, timesteps=cfg.stage2.model.timesteps, schedule=cfg.stage2.model.schedule,
         latent_channels=latent,
@@ -277,7 +284,7 @@ def pseudo_label(pipeline: RefinerPipeline, samples: UnlabelledSamples, cfg: Mod
         label = draws.mean(0)  # (13, H, W)
         spread = (draws - label).abs().mean().item()
         visible = batch["visible"][0]
-        observed = batch["x"][0, item["target_index"], :13]
+        observed = batch["x"][0, item["target_index"], S2_CHANNELS]
         visible_error = (label - observed).abs().mean(0)[visible].mean().item() if visible.any() else float("inf")
         ok = spread <= st.max_seed_spread and visible_error <= st.max_visible_error
         scored.append({"index": index, "spread": spread, "visible_error": visible_error, "kept": ok})
@@ -293,7 +300,7 @@ def stage3(
     pipeline = build_pipeline(cfg, stage0_ckpt=stage0_ckpt, stage1_ckpt=stage1_ckpt, wind=wind)
     pipeline.load_state_dict(load_checkpoint(stage2_ckpt)["model"])
     unlabelled = UnlabelledSamples(
-        train, dates=cfg.data.input_dates, seed=cfg.stage3.train.seed, clear_max_cover=cfg.data.clear_max_cover,
+        train, dates=cfg.data.input_dates, seed=cfg.stage3.train.seed, clear_max_cover=cfg.data.clear_target_max_cover,
         limit=cfg.stage3.self_training.max_pseudo_labels,
     )  # fmt: skip
     kept, scored = pseudo_label(pipeline, unlabelled, cfg, device) if len(unlabelled) else ([], [])
@@ -306,10 +313,10 @@ def stage3(
     train_set: Dataset = EpochConcat([labelled, pseudo]) if kept else labelled
 
     def loss(m, batch):
-        return F.l1_loss(_draft(m, batch), batch["target"])
+        return F.l1_loss(cfdt_draft(m, batch), batch["target"])
 
     def validate(m, batch):
-        return compute_all(_draft(m, batch).float().clamp(0, 1), batch["target"].float())
+        return compute_all(cfdt_draft(m, batch).float().clamp(0, 1), batch["target"].float())
 
     return _on_device(StageTask(
         stage=3, model=student, train_set=train_set, val_set=_cloudy(cfg, val, train=False, stage_epochs=1),

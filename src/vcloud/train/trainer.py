@@ -2,7 +2,8 @@
 
 A stage hands the loop a `StageTask` (its model, datasets, loss and validation); the loop owns
 everything the LUMI field reports taught us to get right once:
-- device "cuda" when available (ROCm maps it) else CPU; bf16 autocast never with GradScaler;
+- device "cuda" when available (ROCm maps it) else CPU; bf16 autocast, no GradScaler (bf16
+  has fp32's range: a scaler only skips steps, 75-87 % of them on LUMI);
 - DataLoader multiprocessing options only when num_workers > 0;
 - one run per output folder (train/lock.py); leftover temp files of killed writes removed;
 - latest.pt every epoch and at the next step boundary after SIGTERM/SIGUSR1 (then exit so
@@ -34,14 +35,15 @@ from tqdm import tqdm
 
 from vcloud.config import DataConfig, TrainConfig
 from vcloud.data.samples import EpochSampler
-from vcloud.errors import ConfigError, StopRequested, VcloudError
+from vcloud.errors import StopRequested, VcloudError
+from vcloud.evaluation.metrics import MetricAccumulator
 from vcloud.train import checkpoint as ckpt
 from vcloud.train import distributed as dist_utils
 from vcloud.train import lock as out_lock
-from vcloud.train import records
-from vcloud.train.metrics import MetricAccumulator
+from vcloud.train import optim, records
 
 log = logging.getLogger(__name__)
+
 
 class TrainingDiverged(VcloudError):
     """The loss became NaN or infinite."""
@@ -61,17 +63,6 @@ class StageTask:
     on_epoch_start: Callable[[int], dict] | None = None  # e.g. the curriculum phase, logged
     summary: dict = field(default_factory=dict)  # stage facts for the metrics log
     artifacts: dict = field(default_factory=dict)  # name -> JSON-able, written as <out>/<name>.json
-
-
-def check_precision(cfg: TrainConfig, stage: int) -> None:
-    """bf16 has fp32's range: GradScaler only skips steps (75-87 % on LUMI). Refuse the pair."""
-    if cfg.bf16 and cfg.grad_scaler:
-        raise ConfigError(
-            f"stage{stage}.train: bf16 and grad_scaler are both true; GradScaler is for fp16 and "
-            "silently skips most bf16 steps - set grad_scaler: false"
-        )
-    if cfg.grad_scaler:
-        raise ConfigError(f"stage{stage}.train.grad_scaler: fp16 training is not supported; use bf16")
 
 
 def loader_kwargs(data: DataConfig, *, batch_size: int) -> dict:
@@ -113,7 +104,6 @@ class Trainer:
         device: str,
         progress: bool = True,
     ):
-        check_precision(train_cfg, task.stage)
         self.task, self.cfg, self.data_cfg = task, train_cfg, data_cfg
         self.out_dir = Path(out_dir)
         self.latest = Path(resume_dir or out_dir) / "latest.pt"
@@ -130,17 +120,13 @@ class Trainer:
                 self.model, device_ids=[torch.cuda.current_device()] if device == "cuda" else None
             )
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
+        self.optimizer = optim.build_optimizer(params, train_cfg)
         self.sampler = EpochSampler(
             len(task.train_set), rank=env.rank, world_size=env.world_size, shuffle=True, seed=train_cfg.seed
         )
         self.steps_per_epoch = math.ceil(self.sampler.per_rank / train_cfg.batch_size)
-        total = max(1, self.steps_per_epoch * train_cfg.epochs)
-        warmup = max(1, total // 20)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lambda step: min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(step, total) / total)),
-        )
+        total_steps = max(1, self.steps_per_epoch * train_cfg.epochs)
+        self.scheduler = optim.build_scheduler(self.optimizer, total_steps=total_steps)
         self.epoch, self.step_in_epoch, self.best_value = 0, 0, -math.inf
         self.best_epoch: int | None = None  # epoch whose weights are best.pt
         self.best_weights: dict | None = None  # their CPU copy (rank 0), saved in latest.pt too
@@ -208,8 +194,13 @@ class Trainer:
             if self.best.exists():
                 self.best.unlink()
         elif not self._best_matches():
-            log.info("stage %d: re-creating %s (best of epoch %d) from %s",
-                     self.task.stage, self.best, self.best_epoch, self.latest)
+            log.info(
+                "stage %d: re-creating %s (best of epoch %d) from %s",
+                self.task.stage,
+                self.best,
+                self.best_epoch,
+                self.latest,
+            )
             self._write_best()
         if records.read_metrics(self.metrics_path) != self.rows:
             records.write_metrics(self.metrics_path, self.rows)
@@ -248,7 +239,13 @@ class Trainer:
         if self.rows is None:  # a latest.pt of vcloud <= 0.1.0: rows from the file
             self.rows = [r for r in records.read_metrics(self.metrics_path) if r.get("epoch", math.inf) < self.epoch]
         self._restore_best(state)
-        log.info("stage %d: resuming from %s at epoch %d step %d", self.task.stage, self.latest, self.epoch, self.step_in_epoch)
+        log.info(
+            "stage %d: resuming from %s at epoch %d step %d",
+            self.task.stage,
+            self.latest,
+            self.epoch,
+            self.step_in_epoch,
+        )
         self._sync_outputs()
         return bool(state["finished"])
 
@@ -361,8 +358,11 @@ class Trainer:
             with self._autocast():
                 loss = self.task.loss(self.ddp_model, batch)
             if not torch.isfinite(loss.detach()).all():
-                kept = (f"the last good checkpoint {self.latest} is kept" if self.latest.exists()
-                        else "no checkpoint was written yet")
+                kept = (
+                    f"the last good checkpoint {self.latest} is kept"
+                    if self.latest.exists()
+                    else "no checkpoint was written yet"
+                )
                 raise TrainingDiverged(
                     f"stage {self.task.stage}, epoch {self.epoch}, step {self.step_in_epoch}: loss is "
                     f"{loss.item()}; stopped, {kept}"

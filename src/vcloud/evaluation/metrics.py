@@ -83,8 +83,9 @@ def _gaussian_window(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return (window / window.sum()).to(dtype=dtype, device=device)  # (K,)
 
 
-def ssim(pred: torch.Tensor, target: torch.Tensor, *,
-         padding: Literal["zeros", "reflect", "valid"] = "zeros") -> torch.Tensor:
+def ssim(
+    pred: torch.Tensor, target: torch.Tensor, *, padding: Literal["zeros", "reflect", "valid"] = "zeros"
+) -> torch.Tensor:
     pred, target = _prepare(pred, target)
     b, c, h, w = pred.shape
     half = SSIM_WINDOW // 2

@@ -118,9 +118,7 @@ class _AllocationTrace:
         self.existing = {id(t.untyped_storage()) for t in existing}  # not allocated by the step
         self.parameters = {id(p.untyped_storage()) for p in parameters}
         self.live: dict[int, int] = {}  # id(storage) -> key
-        self.events: list[
-            tuple
-        ] = []  # ("alloc", key, nbytes, component, dtype) | ("free", key) | ("mark",)
+        self.events: list[tuple] = []  # ("alloc", key, nbytes, component, dtype) | ("free", key) | ("mark",)
         self.component = ["other"]
         self._next = 0
         self._cast = torch.ops.aten._to_copy.default
@@ -239,9 +237,9 @@ def profile_step(
         by_component[component] = by_component.get(component, 0) + nbytes
     result["saved_for_backward_bytes"] = sum(by_component.values())
     result["saved_for_backward_by_component"] = by_component
-    result["saved_for_backward_bf16_fraction"] = sum(
-        n for n, _, d in saved.values() if d == torch.bfloat16
-    ) / max(1, result["saved_for_backward_bytes"])
+    result["saved_for_backward_bf16_fraction"] = sum(n for n, _, d in saved.values() if d == torch.bfloat16) / max(
+        1, result["saved_for_backward_bytes"]
+    )
     return result
 
 
@@ -314,9 +312,7 @@ def scenarios(stage1) -> dict[str, tuple[bool, object]]:
     }
 
     def make(enabled: set[str]) -> tuple[bool, Optimisations]:
-        return "bf16" in enabled, Optimisations(
-            **{k: on[k] if k in enabled else off[k] for k in on}
-        )
+        return "bf16" in enabled, Optimisations(**{k: on[k] if k in enabled else off[k] for k in on})
 
     every = set(OPTIMISATIONS)
     result = {
@@ -347,11 +343,13 @@ def estimate(
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from vcloud.models.cfdt import CFDT
+    from vcloud.models.grid import token_stride
 
     started = time.perf_counter()
     dates = dates or cfg.data.input_dates
     batch = batch or cfg.stage1.train.batch_size
-    assert size % 8 == 0, f"size must be a multiple of 8, got {size}"
+    stride = token_stride(cfg.stage1.model.widths)
+    assert size % stride == 0, f"size must be a multiple of {stride} (the CFDT's coarsest level), got {size}"
     counts = parameter_counts(cfg)
     n = counts["cfdt_params"]
     fixed = {"parameters": 4 * n, "gradients": 4 * n, "optimizer_states": 8 * n}
@@ -395,9 +393,7 @@ def _scenario(fixed: dict[str, int], bf16: bool, optimisations, profile: dict) -
     for component in ("encoder", "change_gate", "tmt", "decoder"):
         rows[component] = kept.get(component, 0)
     rows[GLUE] = sum(v for k, v in kept.items() if k not in rows)
-    rows["working_set"] = max(
-        profile["forward_working_set_bytes"], profile["backward_working_set_bytes"]
-    )
+    rows["working_set"] = max(profile["forward_working_set_bytes"], profile["backward_working_set_bytes"])
     rows = {row: int(rows[row]) for row in ROWS}
     total = sum(rows.values())
     peak = fixed["parameters"] + fixed["optimizer_states"] + profile["peak_live_bytes"]
@@ -460,21 +456,14 @@ def format_table(result: dict) -> str:
     lines += [
         f"| **Total** | **{none['total_gb']:.2f} GB** | **{every['total_gb']:.2f} GB** | "
         f"**{fits} in {result['device_gb']:.0f} GB** |",
-        f"| Simulated peak | {none['peak_gb']:.2f} GB | {every['peak_gb']:.2f} GB | "
-        "replay of the allocation trace |",
+        f"| Simulated peak | {none['peak_gb']:.2f} GB | {every['peak_gb']:.2f} GB | replay of the allocation trace |",
         "",
     ]
     columns = [("only", "Alone (others off)"), ("without", "All but this one")]
-    columns = [
-        (p, t) for p, t in columns if any(f"{p}_{n}" in result["scenarios"] for n in OPTIMISATIONS)
-    ]
+    columns = [(p, t) for p, t in columns if any(f"{p}_{n}" in result["scenarios"] for n in OPTIMISATIONS)]
     if columns:
         lines.append("| Optimisation | " + " | ".join(title for _, title in columns) + " |")
-        lines.append(
-            "|--------------|"
-            + "|".join("-" * (len(title) + 1) + ":" for _, title in columns)
-            + "|"
-        )
+        lines.append("|--------------|" + "|".join("-" * (len(title) + 1) + ":" for _, title in columns) + "|")
         for name in OPTIMISATIONS:
             cells = [result["scenarios"].get(f"{prefix}_{name}") for prefix, _ in columns]
             text = [f"{cell['total_gb']:.2f} GB" if cell else "-" for cell in cells]

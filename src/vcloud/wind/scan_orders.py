@@ -49,8 +49,6 @@ import hashlib
 import json
 import logging
 import math
-import os
-import tempfile
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -60,6 +58,7 @@ import numpy as np
 
 from vcloud import __version__
 from vcloud.errors import BadInputError, ConfigError, VcloudError
+from vcloud.io import atomic_open
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +101,6 @@ class WindCache:
         return int(self.meta["sectors"])
 
 
-
 # --- arguments -------------------------------------------------------------------------
 
 
@@ -112,9 +110,7 @@ def _check_arguments(grid_h: int, grid_w: int, sectors: int) -> None:
             raise ConfigError(f"{option}: expected a positive integer, got {value!r}")
     dx, dy = max(grid_w - 1, 1), max(grid_h - 1, 1)
     if 2 * dx * dy * TRIG_SCALE >= 2**63:
-        raise ConfigError(
-            f"--grid-h/--grid-w: grid {grid_h}x{grid_w} is too large for exact int64 scan keys"
-        )
+        raise ConfigError(f"--grid-h/--grid-w: grid {grid_h}x{grid_w} is too large for exact int64 scan keys")
 
 
 # --- orders ----------------------------------------------------------------------------
@@ -174,8 +170,7 @@ def _stored_arrays(grid_h: int, grid_w: int, sectors: int) -> dict[str, np.ndarr
     """The arrays as written: each in the smallest unsigned dtype that holds its values."""
     arrays = _compute_arrays(grid_h, grid_w, sectors)
     return {
-        name: array.astype(np.min_scalar_type(int(array.max()) if array.size else 0))
-        for name, array in arrays.items()
+        name: array.astype(np.min_scalar_type(int(array.max()) if array.size else 0)) for name, array in arrays.items()
     }
 
 
@@ -226,24 +221,10 @@ def write_cache(out: Path, *, grid_h: int, grid_w: int, sectors: int) -> None:
     arrays = _stored_arrays(grid_h, grid_w, sectors)
     meta = _meta(grid_h, grid_w, sectors, arrays)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    except OSError as err:
-        raise VcloudError(f"{out}: cannot write the wind cache ({err.strerror or err})") from err
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as handle:
+        with atomic_open(out, "wb") as handle:
             np.savez_compressed(handle, **arrays, meta=np.array(json.dumps(meta, sort_keys=True)))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; other jobs of the project read it
-        os.replace(tmp, out)
     except OSError as err:
-        tmp.unlink(missing_ok=True)
         raise VcloudError(f"{out}: cannot write the wind cache ({err.strerror or err})") from err
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     log.info("wrote wind cache %s (grid %dx%d, %d sectors)", out, grid_h, grid_w, sectors)
 
 
@@ -282,9 +263,7 @@ def _check_version(path: Path, meta: dict) -> None:
         )
 
 
-def _validate(
-    path: Path, arrays: dict[str, np.ndarray], meta: dict, *, grid_h: int, grid_w: int, sectors: int
-) -> None:
+def _validate(path: Path, arrays: dict[str, np.ndarray], meta: dict, *, grid_h: int, grid_w: int, sectors: int) -> None:
     rerun = f"rerun `vcloud wind-cache --out {path}`"
     try:
         file_grid = tuple(int(n) for n in meta["grid"])
@@ -294,21 +273,15 @@ def _validate(
         raise BadInputError(f"{path}: wind cache meta is incomplete ({_one_line(err)})") from err
     if file_grid != (grid_h, grid_w):
         raise ConfigError(
-            f"{path}: grid {file_grid[0]}x{file_grid[1]} in the file, "
-            f"model config wants {grid_h}x{grid_w}"
+            f"{path}: grid {file_grid[0]}x{file_grid[1]} in the file, model config wants {grid_h}x{grid_w}"
         )
     if file_sectors != sectors:
-        raise ConfigError(
-            f"{path}: {file_sectors} sectors in the file, model config wants {sectors}"
-        )
+        raise ConfigError(f"{path}: {file_sectors} sectors in the file, model config wants {sectors}")
     if _checksum(arrays, file_grid, file_sectors) != checksum:
         raise BadInputError(f"{path}: checksum mismatch, the file is corrupt; {rerun}")
     for name in ARRAY_KEYS:
         if arrays[name].shape != (sectors, grid_h * grid_w):
-            raise BadInputError(
-                f"{path}: {name} has shape {arrays[name].shape}, "
-                f"expected {(sectors, grid_h * grid_w)}"
-            )
+            raise BadInputError(f"{path}: {name} has shape {arrays[name].shape}, expected {(sectors, grid_h * grid_w)}")
 
 
 def _check_permutations(path: Path, cache: WindCache) -> None:
@@ -324,9 +297,7 @@ def load_cache(path: Path, *, grid_h: int, grid_w: int, sectors: int) -> WindCac
     """Read and check a cache file against what the model config expects."""
     path = Path(path)
     if not path.is_file():
-        raise BadInputError(
-            f"{path}: wind cache not found; run `vcloud wind-cache --out {path}` first"
-        )
+        raise BadInputError(f"{path}: wind cache not found; run `vcloud wind-cache --out {path}` first")
     arrays, meta = _read(path)
     _validate(path, arrays, meta, grid_h=grid_h, grid_w=grid_w, sectors=sectors)
     cache = _as_cache(arrays, meta)
@@ -351,9 +322,7 @@ def get_scan_orders(
             f"never computed under DDP, run `vcloud wind-cache --out {path}` before training"
         )
     if not allow_recompute:
-        raise BadInputError(
-            f"{path}: wind cache not found; run `vcloud wind-cache --out {path}` first"
-        )
+        raise BadInputError(f"{path}: wind cache not found; run `vcloud wind-cache --out {path}` first")
     log.warning("%s: wind cache not found; computing scan orders in memory (one process)", path)
     return compute_cache(grid_h=grid_h, grid_w=grid_w, sectors=sectors)
 

@@ -99,7 +99,9 @@ def _open_era5(path: Path, roi: RoiId):
     time_name = "valid_time" if "valid_time" in ds.coords else "time"
     for need in ("u", "v", time_name, "latitude", "longitude"):
         if need not in ds.variables:
-            raise BadInputError(f"{path}: wind grid lacks '{need}' (expected ERA5 u10/v10 on time, latitude, longitude)")
+            raise BadInputError(
+                f"{path}: wind grid lacks '{need}' (expected ERA5 u10/v10 on time, latitude, longitude)"
+            )
     return ds[["u", "v"]].load(), time_name
 
 

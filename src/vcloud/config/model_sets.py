@@ -1,0 +1,228 @@
+"""Model and training configuration (config/models/*.yaml): one frozen dataclass per section.
+
+One YAML file per model size. Each section maps onto a frozen dataclass; an unknown key, a
+missing required key or a wrong type raises ConfigError naming the file and the key path
+(the checks are in config/coerce.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from vcloud.config.coerce import from_dict
+from vcloud.config.workflow import read_yaml
+from vcloud.constants import CLEAR_MAX_COVER
+from vcloud.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """How training samples are drawn from a prepared store."""
+
+    input_dates: int  # T: dates fed to the model per sample; the target date is one of them
+    crop: int | None = None  # random square crop in pixels for training; None = whole patch
+    num_workers: int = 0  # DataLoader workers; multiprocessing options apply only when > 0
+    prefetch_factor: int = 2
+    persistent_workers: bool = False
+    clear_target_max_cover: float = CLEAR_MAX_COVER  # a date may be a target (ground truth) below this cover
+    samples_per_epoch: int | None = None  # random samples per epoch; None = one per location
+    val_samples: int | None = None  # fixed validation samples; None = one per location
+
+    def __post_init__(self) -> None:
+        _check_positive(self, ("input_dates", "prefetch_factor"))
+        _check_positive(self, ("crop", "samples_per_epoch", "val_samples"), optional=True)
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers: {self.num_workers} is negative")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation of one stage."""
+
+    epochs: int
+    batch_size: int
+    lr: float
+    weight_decay: float = 0.0
+    grad_clip: float | None = 1.0
+    bf16: bool = False  # bf16 autocast (device "cuda"; on CPU only where requested explicitly)
+    seed: int = 0
+    # TensorBoard event files in results/stage<n>/tensorboard/ (rank 0). Not part of the stage
+    # hash: switching it never restarts a stage.
+    tensorboard: bool = True
+
+    def __post_init__(self) -> None:
+        _check_positive(self, ("epochs", "batch_size"))
+        if not self.lr > 0:
+            raise ValueError(f"lr: {self.lr} must be > 0")
+
+
+@dataclass(frozen=True)
+class AutoencoderConfig:
+    """Stage 0: convolutional autoencoder on the 13 S2 bands."""
+
+    widths: tuple[int, ...] = (32, 64, 128)  # channels per level; len - 1 downsamplings by 2
+    latent_channels: int = 8
+    blocks_per_level: int = 1  # residual blocks per level, in the encoder and in the decoder
+    mid_blocks: int = 0  # extra residual blocks at the bottom of the encoder and of the decoder
+
+    def __post_init__(self) -> None:
+        _check_widths(self)
+        _check_positive(self, ("latent_channels", "blocks_per_level"))
+        if self.mid_blocks < 0:
+            raise ValueError(f"mid_blocks: {self.mid_blocks} is negative")
+
+
+@dataclass(frozen=True)
+class Optimisations:
+    """The memory optimisations of the LUMI field report (bf16 lives in TrainConfig)."""
+
+    grad_checkpoint: bool = False  # checkpoint the per-date encoder and the change gate
+    gate_resolution: int | None = None  # change gate at this resolution (64), bilinear back up
+    target_only_pyramid: bool = False  # full pyramid only for the target date
+    gate_chunk: int | None = None  # date pairs per change-gate chunk (64)
+
+    def __post_init__(self) -> None:  # runs at import (CFDTConfig's default): no module helpers
+        for name in ("gate_resolution", "gate_chunk"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name}: {value} must be > 0")
+
+
+@dataclass(frozen=True)
+class CFDTConfig:
+    """Stage 1: cloud-free draft transformer over T dates."""
+
+    widths: tuple[int, int, int, int] = (32, 64, 128, 256)  # 4-level pyramid
+    blocks_per_level: int = 1  # residual blocks per level, in the encoder and in the decoder
+    tmt_layers: int = 2  # temporal attention layers at the coarsest level
+    tmt_heads: int = 4
+    tmt_mlp_ratio: float = 4.0  # hidden width of the TMT MLPs, as a multiple of widths[3]
+    gate_width: int = 32  # channels of the change-gate CNN
+    gate_layers: int = 2  # 3x3 conv layers of the change-gate CNN on each date pair
+    day_embedding: int = 32  # channels of the day-offset embedding
+    wind_scan: bool = False  # wind-ordered token mixing in the TMT (needs the wind cache)
+    wind_sectors: int = 16  # wind sectors of the scan orders (sector i: angle 2*pi*i/S from east)
+    wind_allow_recompute: bool = False  # one process only: compute missing orders in memory, with a warning
+    optimisations: Optimisations = Optimisations()
+
+    def __post_init__(self) -> None:
+        _check_widths(self)
+        _check_positive(self, ("blocks_per_level", "tmt_layers", "tmt_heads", "gate_width", "gate_layers",
+                               "wind_sectors"))  # fmt: skip
+        if self.widths[-1] % self.tmt_heads:
+            raise ValueError(f"tmt_heads: {self.tmt_heads} does not divide widths[3] = {self.widths[-1]}")
+        if self.day_embedding <= 0 or self.day_embedding % 2:
+            raise ValueError(f"day_embedding: {self.day_embedding} must be a positive even number")
+        if not self.tmt_mlp_ratio > 0:
+            raise ValueError(f"tmt_mlp_ratio: {self.tmt_mlp_ratio} must be > 0")
+
+
+@dataclass(frozen=True)
+class RefinerConfig:
+    """Stage 2: conditional diffusion in the stage-0 latent space."""
+
+    widths: tuple[int, ...] = (64, 128)  # UNet channels per level; len - 1 downsamplings by 2
+    blocks_per_level: int = 1
+    timesteps: int = 1000  # training noise levels
+    sample_steps: int = 4  # deterministic (DDIM) steps at evaluation
+    schedule: Literal["cosine", "linear"] = "cosine"  # noise schedule (betas)
+
+    def __post_init__(self) -> None:
+        _check_widths(self)
+        _check_positive(self, ("blocks_per_level", "timesteps", "sample_steps"))
+        if self.sample_steps > self.timesteps:
+            raise ValueError(f"sample_steps: {self.sample_steps} exceeds timesteps ({self.timesteps})")
+
+
+@dataclass(frozen=True)
+class Curriculum:
+    """Stage 1 curriculum by epoch fraction: thin_only < mixed_from <= mixed < all_from <= all."""
+
+    mixed_from: float = 0.3
+    all_from: float = 0.9
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.mixed_from <= self.all_from <= 1.0:
+            raise ValueError(f": need 0 <= mixed_from ({self.mixed_from}) <= all_from ({self.all_from}) <= 1")
+
+
+@dataclass(frozen=True)
+class SelfTraining:
+    """Stage 3: which teacher pseudo-labels are kept."""
+
+    sampler_seeds: int = 3  # refiner samples per pseudo-label; their spread measures confidence
+    max_seed_spread: float = 0.02  # mean |difference| between seeds (S2 0..1 scale)
+    max_visible_error: float = 0.05  # mean |error| on pixels the cloud mask calls clear
+    max_pseudo_labels: int | None = None  # cap on unlabelled samples scored
+
+
+@dataclass(frozen=True)
+class Stage0Config:
+    model: AutoencoderConfig
+    train: TrainConfig
+
+
+@dataclass(frozen=True)
+class Stage1Config:
+    model: CFDTConfig
+    train: TrainConfig
+    curriculum: Curriculum = Curriculum()
+
+
+@dataclass(frozen=True)
+class Stage2Config:
+    model: RefinerConfig
+    train: TrainConfig
+
+
+@dataclass(frozen=True)
+class Stage3Config:
+    train: TrainConfig
+    self_training: SelfTraining = SelfTraining()
+
+
+@dataclass(frozen=True)
+class ModelSetConfig:
+    """A whole config/models/*.yaml file."""
+
+    name: str
+    data: DataConfig
+    stage0: Stage0Config
+    stage1: Stage1Config
+    stage2: Stage2Config
+    stage3: Stage3Config
+
+
+def load_model_config(path: Path) -> ModelSetConfig:
+    """Read and check a config/models/*.yaml file; errors name the file and the key."""
+    path = Path(path)
+    data = read_yaml(path, missing="model configuration file not found")
+    try:
+        return from_dict(ModelSetConfig, data, "")
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
+def config_to_dict(config) -> dict:
+    """Plain, JSON-able dict of a config dataclass or mapping (stored in checkpoints)."""
+    import dataclasses
+
+    data = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
+    return json.loads(json.dumps(data))
+
+
+def _check_widths(obj) -> None:
+    if not obj.widths or any(w <= 0 for w in obj.widths):
+        raise ValueError(f"widths: {list(obj.widths)} must be a non-empty list of positive integers")
+
+
+def _check_positive(obj, names, *, optional: bool = False) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if optional and value is None:
+            continue
+        if not value > 0:
+            raise ValueError(f"{name}: {value} must be > 0")

@@ -1,0 +1,102 @@
+"""Workflow configuration (config/config.yaml, config/lumi.yaml): validation against the JSON
+schema with errors that name the key, schema defaults, and the embedded defaults of a module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from vcloud.errors import ConfigError
+
+# Keys that were renamed: the error says what replaced them.
+RENAMED_KEYS = {"resources.evaluate": "resources.evaluate_stage0..3, one entry per rule"}
+
+
+def key_path(parts) -> str:
+    return ".".join(str(p) for p in parts) or "<top level>"
+
+
+def validate_config(config: dict, schema_path: Path, *, source: str = "config") -> None:
+    """Raise ConfigError with one line naming the first offending key, or return None."""
+    import jsonschema
+
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: (list(e.absolute_path), e.message))
+    if not errors:
+        return
+    err = jsonschema.exceptions.best_match(errors)
+    for candidate in errors:  # a renamed key explains the "missing" new one: name it first
+        if candidate.validator == "additionalProperties" and any(
+            key_path([*candidate.absolute_path, k]) in RENAMED_KEYS for k in candidate.instance
+        ):
+            err = candidate
+    where = list(err.absolute_path)
+    if err.validator == "additionalProperties":
+        known = set(err.schema.get("properties", {}))
+        extra = sorted(set(err.instance) - known)
+        keys = ", ".join(key_path([*where, k]) for k in extra)
+        renamed = [f"{k} is now {RENAMED_KEYS[k]}" for k in keys.split(", ") if k in RENAMED_KEYS]
+        message = (
+            f"unknown key {keys} ({'; '.join(renamed)})"
+            if renamed
+            else (f"unknown key {keys} (allowed: {', '.join(sorted(known))})")
+        )
+    elif err.validator == "required":
+        missing = [k for k in err.validator_value if k not in err.instance]
+        message = f"missing key {', '.join(key_path([*where, k]) for k in missing)}"
+    else:
+        message = f"key {key_path(where)}: {err.message}"
+    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    raise ConfigError(f"{source}: {message}{more}")
+
+
+def fill_missing(config: dict, defaults_path: Path) -> dict:
+    """Add every key of the YAML file `defaults_path` that `config` lacks, recursively, in place.
+
+    Snakemake ignores a module's own `configfile:`, so a workflow that uses vcloud as a module
+    passes only the keys it changes; the rest come from config/config.yaml as in a plain run.
+    """
+
+    def merge(target: dict, defaults: dict) -> None:
+        for key, value in defaults.items():
+            if key not in target:
+                target[key] = value
+            elif isinstance(target[key], dict) and isinstance(value, dict):
+                merge(target[key], value)
+
+    merge(config, read_yaml(defaults_path) or {})
+    return config
+
+
+def fill_defaults(config: dict, schema_path: Path) -> dict:
+    """Set every schema `default` missing from config, in place (after validate_config)."""
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+    check_properties = base.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub:
+                    instance.setdefault(name, sub["default"])
+        yield from check_properties(validator, properties, instance, schema)
+
+    filler = jsonschema.validators.extend(base, {"properties": set_defaults})
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    for _ in filler(schema).iter_errors(config):
+        pass
+    return config
+
+
+def read_yaml(path: Path, *, missing: str = "no such file"):
+    """The YAML document in path; ConfigError naming the file when absent or unparsable."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: {missing}")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None

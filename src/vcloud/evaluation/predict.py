@@ -1,0 +1,54 @@
+"""Predictors: a finished stage's checkpoints -> a function batch -> (B, 13, H, W) S2 image.
+
+Each takes (cfg, checkpoints, wind) with `checkpoints` = {stage number: best.pt path}, exactly
+the stages registry.Stage.predictor_needs names (the paths come from the caller's arguments,
+never from a results-folder convention). A checkpoint of another stage is refused with one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vcloud.config import ModelSetConfig
+from vcloud.evaluation.protocols import EVAL_SEED
+from vcloud.models.autoencoder import Autoencoder
+from vcloud.models.cfdt import CFDT
+from vcloud.registry import get_stage
+from vcloud.train.stages import build_pipeline, cfdt_draft, install_wind_orders, load_frozen
+
+
+def autoencoder(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
+    """Stage 0: the autoencoder's reconstruction of the ground truth."""
+    ((stage, path),) = checkpoints.items()
+    model = load_frozen(Autoencoder(cfg.stage0.model), path, stage=stage)
+    return lambda batch: model(batch["target"])
+
+
+def draft(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
+    """Stage 1 and the stage-3 student: the CFDT's draft of the target date."""
+    ((stage, path),) = checkpoints.items()
+    cfdt = install_wind_orders(load_frozen(CFDT(cfg.stage1.model), path, stage=stage), wind)
+    return lambda batch: cfdt_draft(cfdt, batch)
+
+
+def refined(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
+    """Stage 2: the stage-1 draft refined by a few-step DDIM sample in the stage-0 latent space."""
+    pipeline = build_pipeline(cfg, stage0_ckpt=checkpoints[0], stage1_ckpt=checkpoints[1], wind=wind)
+    pipeline.load_state_dict(load_frozen_state(checkpoints[2], stage=2))
+    pipeline.eval()
+    return lambda batch: pipeline.sample(batch, steps=cfg.stage2.model.sample_steps, seed=EVAL_SEED)
+
+
+def build_predictor(stage: int, cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
+    """Stage `stage`'s predictor from {stage number: best.pt} (the registry says which it uses)."""
+    return get_stage(stage).make_predictor(cfg, checkpoints, wind)
+
+
+def load_frozen_state(path: Path, *, stage: int) -> dict:
+    from vcloud.errors import BadInputError
+    from vcloud.train.checkpoint import load_checkpoint
+
+    state = load_checkpoint(path)
+    if state.get("stage") != stage:
+        raise BadInputError(f"{path}: checkpoint of stage {state.get('stage')}, expected stage {stage}")
+    return state["model"]

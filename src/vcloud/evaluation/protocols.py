@@ -1,0 +1,67 @@
+"""The samples of the two evaluation protocols (both reported by `vcloud evaluate`).
+
+- fixed: seeded synthetic clouds (thin, thick, opaque in turn) put on the clear dates of the
+  store; ground truth = the clear image; the other T-1 dates keep their natural clouds.
+- reference (as UnCRtainTS): per location, the least-cloudy date is the ground truth and T
+  other dates, all with their natural clouds, are the input; the model reconstructs at the
+  input date nearest in time to the ground truth.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from vcloud.config import ModelSetConfig
+from vcloud.data.samples import CloudySamples, stack_sample
+from vcloud.data.shards import ShardReader as StoreReader  # direct, checked shard reads
+from vcloud.train.stages import EVAL_KINDS
+
+EVAL_SEED = 2024
+
+
+class ReferenceSamples(Dataset):
+    """One sample per location with >= 2 usable dates: least-cloudy date = ground truth."""
+
+    def __init__(self, store: Path, *, dates: int):
+        self.reader = StoreReader(store)
+        usable = self.reader.valid_s2 & self.reader.valid_s1
+        cover = np.where(usable, np.nan_to_num(self.reader.cloud_cover, nan=1.0), np.inf)
+        self.items = []
+        for location in np.flatnonzero(usable.sum(axis=1) >= 2):
+            truth = int(np.argmin(cover[location]))
+            others = np.flatnonzero(usable[location])
+            others = others[others != truth]
+            nearest = others[np.argsort(np.abs(others - truth), kind="stable")][:dates]
+            chosen = np.resize(np.sort(nearest), dates) if len(nearest) < dates else np.sort(nearest)
+            slot = int(np.argmin(np.abs(chosen - truth)))
+            self.items.append((int(location), truth, sorted(chosen.tolist()), slot))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        location, truth, dates, slot = self.items[index]
+        sample = self.reader.read(location, [*dates, truth])
+        prob = np.nan_to_num(sample.cloud_prob, nan=1.0)
+        item = stack_sample(sample.s2[:-1], sample.s1[:-1], prob[:-1], self.reader.date_s2[location, dates], slot)
+        item["target"] = torch.from_numpy(np.ascontiguousarray(sample.s2[-1]))
+        item["wind"] = torch.from_numpy(self.reader.wind[location, dates[slot]])
+        item["cloud_class"] = torch.tensor(int(self.reader.cloud_class[location, dates[slot]]))
+        item["location"] = torch.tensor(location)
+        return item
+
+
+def fixed_samples(store: Path, cfg: ModelSetConfig, *, samples: int | None = None) -> CloudySamples:
+    """The fixed protocol's samples: seeded thin/thick/opaque clouds on the clear dates.
+
+    Sample i is the same whatever `samples` is (draws depend on the seed and i only), so the
+    viewer's sample i is the evaluation's sample i.
+    """
+    return CloudySamples(
+        store, dates=cfg.data.input_dates, length=samples, seed=EVAL_SEED,
+        clear_max_cover=cfg.data.clear_target_max_cover, kinds=EVAL_KINDS,
+    )  # fmt: skip

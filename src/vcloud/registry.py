@@ -1,0 +1,113 @@
+"""The stage registry: one declaration per training stage.
+
+Every place that needs to know what a stage is reads it from here: the workflow's input
+functions (which checkpoints a rule takes), the stage hash (whose model settings a stage
+depends on), `vcloud train` (which `--stage<n>` checkpoints it needs and which builder makes
+the task), `vcloud evaluate` and the viewer (which checkpoints a predictor needs and which
+function builds it) and bench/bench_stages.py.
+
+Adding a stage: declare it in STAGES, write its model and its config section (a `stage<n>`
+field of config.ModelSetConfig), its builder in train/stages.py and its predictor in
+evaluation/predict.py. Nothing else names stage numbers.
+
+This module imports nothing heavy (snakemake reads it while parsing the workflow): builders
+and predictors are named as "module:function" and imported when used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from vcloud.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Stage:
+    number: int
+    upstream: tuple[int, ...]  # best.pt of these stages are inputs of its training
+    predictor_needs: tuple[int, ...]  # best.pt of these stages make its predictions
+    reads_wind: bool  # takes the wind cache when stage1.model.wind_scan is on
+    builder: str  # "module:function" (cfg, *, train, val, ...) -> trainer.StageTask
+    predictor: str  # "module:function" (cfg, checkpoints, wind) -> (batch -> (B, 13, H, W))
+    needs_device: bool = False  # the builder runs models itself (stage 3's teacher)
+    viewer_label: str | None = None  # a layer and method of the viewer under this label; None: not shown
+
+    @property
+    def name(self) -> str:
+        """The config key, the folder results/<name>/, the suffix of its rules."""
+        return f"stage{self.number}"
+
+    @property
+    def train_rule(self) -> str:
+        return f"train_{self.name}"
+
+    @property
+    def evaluate_rule(self) -> str:
+        return f"evaluate_{self.name}"
+
+    def build(self, cfg, *, train, val, checkpoints: dict, wind=None, device=None):
+        """The stage's training task; `checkpoints` maps upstream stage numbers to best.pt."""
+        kwargs = {"train": train, "val": val}
+        kwargs.update({f"stage{n}_ckpt": checkpoints[n] for n in self.upstream})
+        if self.reads_wind:
+            kwargs["wind"] = wind
+        if self.needs_device:
+            kwargs["device"] = device
+        return resolve(self.builder)(cfg, **kwargs)
+
+    def make_predictor(self, cfg, checkpoints: dict, wind=None):
+        """batch -> (B, 13, H, W) prediction; `checkpoints` maps stage numbers to best.pt."""
+        return resolve(self.predictor)(cfg, {n: checkpoints[n] for n in self.predictor_needs}, wind)
+
+    def upstream_checkpoints(self, checkpoints: dict) -> dict:
+        """{n: best.pt} of the stages its training builds on; ConfigError naming a missing one."""
+        return require_checkpoints(self.upstream, checkpoints, command=f"vcloud train --stage {self.number}")
+
+
+_BUILDERS = "vcloud.train.stages"
+_PREDICTORS = "vcloud.evaluation.predict"
+
+# Rules: train_stage0 train_stage1 train_stage2 train_stage3 (workflow/rules/train.smk) and
+# evaluate_stage0 evaluate_stage1 evaluate_stage2 evaluate_stage3 (workflow/rules/export.smk).
+STAGES: tuple[Stage, ...] = (
+    # stage 0: autoencoder of clear S2 images; scored on reconstructing the ground truth
+    Stage(0, upstream=(), predictor_needs=(0,), reads_wind=False,
+          builder=f"{_BUILDERS}:stage0", predictor=f"{_PREDICTORS}:autoencoder"),
+    # stage 1: CFDT draft over T dates
+    Stage(1, upstream=(), predictor_needs=(1,), reads_wind=True,
+          builder=f"{_BUILDERS}:stage1", predictor=f"{_PREDICTORS}:draft", viewer_label="stage 1 draft"),
+    # stage 2: diffusion refiner in the stage-0 latent space, on the frozen stage-1 draft
+    Stage(2, upstream=(0, 1), predictor_needs=(0, 1, 2), reads_wind=True,
+          builder=f"{_BUILDERS}:stage2", predictor=f"{_PREDICTORS}:refined", viewer_label="stage 2 refined"),
+    # stage 3: self-trained CFDT student (teacher: stages 0-2); predicts as a stage-1 draft
+    Stage(3, upstream=(0, 1, 2), predictor_needs=(3,), reads_wind=True,
+          builder=f"{_BUILDERS}:stage3", predictor=f"{_PREDICTORS}:draft", needs_device=True,
+          viewer_label="stage 3 output"),
+)  # fmt: skip
+
+STAGE_NUMBERS: tuple[int, ...] = tuple(stage.number for stage in STAGES)
+VIEWER_STAGES: tuple[int, ...] = tuple(stage.number for stage in STAGES if stage.viewer_label)
+
+
+def get_stage(number: int) -> Stage:
+    """The declaration of stage `number`; ConfigError naming the known stages otherwise."""
+    for stage in STAGES:
+        if stage.number == number:
+            return stage
+    raise ConfigError(f"no stage {number} (stages: {', '.join(map(str, STAGE_NUMBERS))})")
+
+
+def resolve(target: str) -> Callable:
+    """The function named "module:function"."""
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def require_checkpoints(needed, checkpoints: dict, *, command: str) -> dict:
+    """{n: path} of the `needed` stages; ConfigError naming the missing --stage<n> flags."""
+    missing = [f"--stage{n}" for n in needed if checkpoints.get(n) is None]
+    if missing:
+        raise ConfigError(f"{command} needs {' and '.join(missing)} CHECKPOINT")
+    return {n: checkpoints[n] for n in needed}

@@ -1,0 +1,113 @@
+"""What the workflow's rules files compute, as plain functions (the .smk files only wire).
+
+Paths and input functions live in workflow/rules/paths.smk and call these with the paths of
+this run; the cluster wiring (workflow/rules/cluster.smk) calls the resource and pre-flight
+helpers. Nothing here reads snakemake objects: every argument is a plain value, so each
+function is tested in tests/unit/test_workflow_logic.py without a workflow.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Callable
+
+from vcloud.errors import ConfigError
+from vcloud.registry import STAGES, get_stage
+
+# --- stage inputs (the registry says which checkpoints) --------------------------------------
+
+
+def train_inputs(stage: int, *, train: str, val: str, checkpoint_path: Callable[[int], str],
+                 wind_cache: str | None) -> dict[str, str]:  # fmt: skip
+    """train_stage<n>'s inputs: split stores, upstream best.pt, and the wind cache when the stage
+    reads it and `wind_cache` is given (stage1.model.wind_scan on)."""
+    spec = get_stage(stage)
+    inputs = {"train": train, "val": val}
+    inputs.update({f"stage{n}": checkpoint_path(n) for n in spec.upstream})
+    if spec.reads_wind and wind_cache:
+        inputs["wind_cache"] = wind_cache
+    return inputs
+
+
+def evaluate_inputs(stage: int, *, store: str, checkpoint_path: Callable[[int], str],
+                    wind_cache: str | None) -> dict[str, str]:  # fmt: skip
+    """evaluate_stage<n>'s inputs: the store and the best.pt its predictor reads."""
+    spec = get_stage(stage)
+    inputs = {"store": store}
+    inputs.update({f"stage{n}": checkpoint_path(n) for n in spec.predictor_needs})
+    if spec.reads_wind and wind_cache:
+        inputs["wind_cache"] = wind_cache
+    return inputs
+
+
+def viewer_inputs(
+    stages, *, store: str, checkpoint_path: Callable[[int], str], wind_cache: str | None
+) -> dict[str, str]:
+    """export_viewer's inputs: the best.pt every shown stage's predictor reads."""
+    needed = sorted({n for stage in stages for n in get_stage(stage).predictor_needs})
+    inputs = {"store": store}
+    inputs.update({f"stage{n}": checkpoint_path(n) for n in needed})
+    if wind_cache and any(get_stage(stage).reads_wind for stage in stages):
+        inputs["wind_cache"] = wind_cache
+    return inputs
+
+
+def checkpoint_flags(inputs: dict[str, str]) -> str:
+    """`--stage<n> PATH` per checkpoint input and `--wind-cache PATH`, in input order."""
+    names = [n for n in inputs if re.fullmatch(r"stage\d+", n) or n == "wind_cache"]
+    return " ".join(f"--{n.replace('_', '-')} {shlex.quote(str(inputs[n]))}" for n in names)
+
+
+def train_rules() -> list[str]:
+    return [stage.train_rule for stage in STAGES]
+
+
+def evaluate_rules() -> list[str]:
+    return [stage.evaluate_rule for stage in STAGES]
+
+
+def stage_of_rule(rule: str):
+    """The registry entry of a train_stage<n> rule, else None."""
+    for stage in STAGES:
+        if rule == stage.train_rule:
+            return stage
+    return None
+
+
+def wind_grid(patch_size: int, widths) -> tuple[int, int]:
+    """The CFDT's coarsest token grid for whole patches (patch_size / 2**(levels-1) a side)."""
+    scale = 2 ** (len(widths) - 1)
+    if patch_size % scale:
+        raise ConfigError(f"data.patch_size: {patch_size} is not a multiple of {scale} (the CFDT's downsampling)")
+    return patch_size // scale, patch_size // scale
+
+
+# --- resources and pre-flight --------------------------------------------------------------
+
+
+def resources_json(rules, rule_resources: Callable, cluster) -> str:
+    """Each rule's resources as its jobs get them and what the cluster bills for them per hour,
+    as one JSON string for `vcloud accounting --resources`."""
+    from vcloud.runtime.lumi import billing
+
+    out = {}
+    for rule in rules:
+        res = rule_resources(rule)
+        entry = {"threads": res.threads, "gpus": res.gpus, "nodes": res.nodes, "mem_mb": res.mem_mb,
+                 "partition": res.partition}  # fmt: skip
+        part = cluster.partitions.get(res.partition) if cluster else None
+        if part is not None:
+            bill = billing(res, part)
+            entry["billing"] = {"unit": bill.unit, "per_hour": bill.per_hour}
+        out[rule] = entry
+    return json.dumps(out, sort_keys=True)
+
+
+def deployment_problems(methods) -> list[str]:
+    """Pre-flight of the software deployment: on a cluster every rule runs inside the image."""
+    if not any("apptainer" in str(m).lower() for m in methods):
+        return ["software-deployment-method: apptainer is not on, so rules would run outside "
+                "the image (use the lumi profile)"]  # fmt: skip
+    return []

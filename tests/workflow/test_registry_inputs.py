@@ -1,0 +1,49 @@
+"""The workflow's rules take and pass exactly the checkpoints the stage registry declares."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.workflow.snakemake_run import run
+from vcloud.registry import STAGES
+
+pytestmark = pytest.mark.workflow
+
+
+@pytest.fixture(scope="module")
+def commands(tmp_path_factory):
+    """rule name -> its output line and shell command in a dry run of the default config (which
+    scans by wind)."""
+    work = tmp_path_factory.mktemp("dry")
+    proc = run(["-n", "-p", "--cores", "1", "-d", str(work)], cwd=work)
+    found, rule = {}, None
+    for line in map(str.strip, proc.stdout.splitlines()):
+        if match := re.match(r"(?:local)?rule (\w+):", line):
+            rule = match.group(1)
+        elif rule and line.startswith("output:"):
+            found[f"{rule} output"] = line
+        elif rule and "vcloud " in line and rule not in found:
+            found[rule] = line
+    return found
+
+
+def flags(command: str) -> dict[int, str]:
+    return {int(n): path for n, path in re.findall(r"--stage(\d+) (\S+)", command)}
+
+
+def test_each_rule_passes_the_registry_checkpoints_by_path(commands):
+    for stage in STAGES:
+        train = commands[stage.train_rule]
+        assert flags(train) == {n: f"results/stage{n}/best.pt" for n in stage.upstream}, train
+        assert ("--wind-cache" in train) == stage.reads_wind, train
+        # report_curves reads metrics.jsonl: the training rule declares it.
+        assert f"results/{stage.name}/metrics.jsonl" in commands[f"{stage.train_rule} output"]
+        evaluate = commands[stage.evaluate_rule]
+        assert flags(evaluate) == {n: f"results/stage{n}/best.pt" for n in stage.predictor_needs}, evaluate
+        assert "--results" not in evaluate
+    viewer = commands["export_viewer"]
+    assert flags(viewer) == {n: f"results/stage{n}/best.pt" for n in range(len(STAGES))}, viewer
+    curves = commands["report_curves"]
+    assert all(f"results/{stage.name}/metrics.jsonl" in curves for stage in STAGES), curves

@@ -1,0 +1,117 @@
+# Result paths and the input functions of the training, evaluation and export rules. Which
+# checkpoints a rule takes comes from the stage registry (src/vcloud/registry.py) through
+# vcloud.workflow; this file only names the paths of this run.
+from vcloud import workflow as logic
+from vcloud.config import config_hash, stage_config_dict
+from vcloud.errors import ConfigError
+from vcloud.registry import STAGE_NUMBERS, VIEWER_STAGES
+
+
+def get_stage_hash(stage):
+    """Changes when a setting the stage depends on changes: the rule reruns (params trigger)."""
+    return config_hash(stage_config_dict(MODEL_SET, stage))
+
+
+def get_stage_dir(stage):
+    return f"{RESULTS}/stage{stage}"
+
+
+def get_checkpoint(stage):
+    return f"{get_stage_dir(stage)}/best.pt"
+
+
+def get_metrics_log(stage):
+    """Written by train_stage<n> (a declared output), read by report_curves."""
+    return f"{get_stage_dir(stage)}/metrics.jsonl"
+
+
+def is_wind_scan():
+    return MODEL_SET.stage1.model.wind_scan
+
+
+def get_wind_cache():
+    return f"{RESULTS}/wind/scan_orders.npz"
+
+
+def get_wind_grid():
+    """The CFDT's coarsest token grid for whole patches: patch_size / 8 on each side."""
+    try:
+        return logic.wind_grid(DATA["patch_size"], MODEL_SET.stage1.model.widths)
+    except ConfigError as err:
+        raise WorkflowError(str(err)) from None
+
+
+def get_wind_cache_input():
+    """The wind cache when the CFDT scans by wind (stages that read it take it as input)."""
+    return get_wind_cache() if is_wind_scan() else None
+
+
+def get_train_input(stage):
+    """Split stores, the best.pt of every stage this one builds on, and the wind cache."""
+    return logic.train_inputs(
+        stage,
+        train=get_split_store("train"),
+        val=get_split_store("val"),
+        checkpoint_path=get_checkpoint,
+        wind_cache=get_wind_cache_input(),
+    )
+
+
+def get_checkpoint_flags(input):
+    """--stage<n> PATH and --wind-cache PATH of a rule's inputs (vcloud train/evaluate/viewer)."""
+    return logic.checkpoint_flags(dict(input.items()))
+
+
+def get_evaluate_input(stage):
+    """The test split and the checkpoints a stage's predictions need."""
+    return logic.evaluate_inputs(
+        stage,
+        store=get_split_store("test"),
+        checkpoint_path=get_checkpoint,
+        wind_cache=get_wind_cache_input(),
+    )
+
+
+def get_eval_report(stage):
+    return f"{RESULTS}/eval/stage{stage}.json"
+
+
+def get_viewer_input():
+    """The test split, the checkpoints of the shown stages' predictors and the wind cache."""
+    return logic.viewer_inputs(
+        VIEWER_STAGES,
+        store=get_split_store("test"),
+        checkpoint_path=get_checkpoint,
+        wind_cache=get_wind_cache_input(),
+    )
+
+
+def get_viewer_page():
+    return f"{RESULTS}/viewer/index.html"
+
+
+def get_report_file(name):
+    """Figures and tables made for `snakemake --report` (results/report/...)."""
+    return f"{RESULTS}/report/{name}"
+
+
+def get_curves(stage):
+    return get_report_file(f"curves/stage{stage}.png")
+
+
+def get_accounting_input():
+    """Everything the run makes but the accounting itself: it runs last and counts them all."""
+    splits = [get_split_store(split) for split in ("train", "val", "test")]
+    checkpoints = [get_checkpoint(stage) for stage in STAGE_NUMBERS]
+    return (
+        splits
+        + checkpoints
+        + [get_eval_report(stage) for stage in STAGE_NUMBERS]
+        + [get_viewer_page()]
+        + [get_curves(stage) for stage in STAGE_NUMBERS]
+        + [get_report_file("evaluation.html")]
+    )
+
+
+def get_final_outputs():
+    return get_accounting_input() + [get_report_file("accounting.tsv")]
