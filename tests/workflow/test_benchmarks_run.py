@@ -22,9 +22,16 @@ def _bench(script, *args, cwd=ROOT):
     ("script", "extra", "keys"),
     [
         ("bench_prepare.py", [], ("prepare_raw_mb_per_s", "read_decode_images_per_s", "prepare_over_floor")),
-        ("bench_loader.py", ["--samples", "2", "--dates", "1", "--workers", "0"],
-         ("read_decompress_floor_samples_per_s", "training_dataset_samples_per_s", "dataloader_samples_per_s",
-          "speedup_vs_reference")),
+        (
+            "bench_loader.py",
+            ["--samples", "2", "--dates", "1", "--workers", "0"],
+            (
+                "read_decompress_floor_samples_per_s",
+                "training_dataset_samples_per_s",
+                "dataloader_samples_per_s",
+                "speedup_vs_reference",
+            ),
+        ),
     ],
 )
 def test_data_benchmarks_print_their_figures(tmp_path, script, extra, keys):
@@ -36,3 +43,19 @@ def test_data_benchmarks_print_their_figures(tmp_path, script, extra, keys):
 def test_wind_cache_benchmark_meets_its_size_target():
     result = _bench("bench_wind_cache.py")
     assert result["file_mb"] <= 1.0  # size is deterministic; the load-time target is not asserted
+
+
+def test_gpu_benchmark_times_every_stage_and_the_fed_loader(tiny_store):
+    """On the CPU here (no GPU in CI): the small config, one timed step per stage."""
+    result = _bench("bench_gpu.py", "--config", "config/models/small.yaml", "--steps", "1", "--warmup", "1",
+                    "--store", str(tiny_store), "--feed-steps", "2", "--workers", "0")  # fmt: skip
+    stages = result["stages"]
+    assert sorted(stages) == ["stage0", "stage1", "stage2", "stage3"]
+    for name, figures in stages.items():
+        assert figures["step_s_median"] > 0 and figures["samples_per_s"] > 0, name
+        assert figures["trainable_parameters_m"] > 0, name
+    assert stages["stage2"]["refine_one_sample_s"] > 0
+    assert stages["stage3"]["pseudo_label_s_per_sample"] > 0 and stages["stage3"]["sampler_seeds"] >= 1
+    assert stages["stage1"]["estimated_peak_gib_configured"] > 0
+    fed = result["stage1_fed_from_store"]
+    assert fed["samples_per_s"] > 0 and 0 <= fed["data_wait_fraction"] <= 1 and fed["workers"] == 0

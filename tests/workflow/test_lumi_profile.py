@@ -20,8 +20,14 @@ SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
 def snakemake(args, workdir, env, check=True):
     # cwd is the repository root: `--profile lumi` resolves to ./lumi -> profiles/lumi.
-    proc = subprocess.run([*SNAKEMAKE, "--profile", "lumi", "--directory", str(workdir), *args],
-                          cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(
+        [*SNAKEMAKE, "--profile", "lumi", "--directory", str(workdir), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc
@@ -48,8 +54,12 @@ def test_dry_run_as_typed_warns_about_the_placeholder_account(tmp_path):
 def test_real_run_with_placeholder_account_submits_nothing(tmp_path):
     make_raw_folders(tmp_path)
     env = stand_in_env(tmp_path)
-    proc = snakemake(["--executor", "local", "--cores", "1", "--config",
-                      f"data={{raw: {tmp_path / 'raw'}}}"], tmp_path, env, check=False)
+    proc = snakemake(
+        ["--executor", "local", "--cores", "1", "--config", f"data={{raw: {tmp_path / 'raw'}}}"],
+        tmp_path,
+        env,
+        check=False,
+    )
     assert proc.returncode != 0
     assert "vcloud doctor: cluster.account" in proc.stderr + proc.stdout
     assert "(nothing was submitted)" in proc.stderr + proc.stdout
@@ -60,9 +70,23 @@ def test_rules_run_in_the_image_with_the_binds_and_never_rocm(tmp_path):
     overlay, cluster = write_overlay(tmp_path)
     env = stand_in_env(tmp_path)
     # One job at a time: the recording stand-in appends one JSON line per call to one file.
-    snakemake(["--executor", "local", "--cores", "1", "--configfile", "config/lumi.yaml",
-               str(overlay), "--apptainer-args", cluster.apptainer_args(), "--",
-               "results/prepared/rois/ROIs1868_119.zarr"], tmp_path, env)
+    snakemake(
+        [
+            "--executor",
+            "local",
+            "--cores",
+            "1",
+            "--configfile",
+            "config/lumi.yaml",
+            str(overlay),
+            "--apptainer-args",
+            cluster.apptainer_args(),
+            "--",
+            "results/prepared/rois/ROIs1868_119.zarr",
+        ],
+        tmp_path,
+        env,
+    )
     calls = exec_calls(tmp_path)
     commands = [c["argv"][-1] for c in calls]
     # synth_raw, index_archive for the ROI's S1 and S2 archives, prepare_roi: each in the image.
@@ -74,8 +98,12 @@ def test_rules_run_in_the_image_with_the_binds_and_never_rocm(tmp_path):
         assert "--rocm" not in argv
         assert argv[argv.index("bash") - 1] == cluster.image  # the image, right before the command
         binds = binds_of(argv)
-        for path in ("/opt/cray/libfabric", f"/scratch/{TEST_ACCOUNT}", f"/projappl/{TEST_ACCOUNT}",
-                     f"/flash/{TEST_ACCOUNT}"):
+        for path in (
+            "/opt/cray/libfabric",
+            f"/scratch/{TEST_ACCOUNT}",
+            f"/projappl/{TEST_ACCOUNT}",
+            f"/flash/{TEST_ACCOUNT}",
+        ):
             assert path in binds
     assert (tmp_path / "results/prepared/rois/ROIs1868_119.zarr/zarr.json").is_file()
 
@@ -84,9 +112,24 @@ def test_bind_missing_from_the_command_line_stops_the_run(tmp_path):
     overlay, cluster = write_overlay(tmp_path)
     env = stand_in_env(tmp_path)
     args = cluster.apptainer_args().replace(f"-B /flash/{TEST_ACCOUNT}", "") + " --rocm"
-    proc = snakemake(["--executor", "local", "--cores", "1", "--configfile", "config/lumi.yaml",
-                      str(overlay), "--apptainer-args", args, "--",
-                      "results/prepared/rois/ROIs1868_119.zarr"], tmp_path, env, check=False)
+    proc = snakemake(
+        [
+            "--executor",
+            "local",
+            "--cores",
+            "1",
+            "--configfile",
+            "config/lumi.yaml",
+            str(overlay),
+            "--apptainer-args",
+            args,
+            "--",
+            "results/prepared/rois/ROIs1868_119.zarr",
+        ],
+        tmp_path,
+        env,
+        check=False,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "vcloud doctor: apptainer-args: --rocm" in out
@@ -99,11 +142,12 @@ def test_set_resources_gpu_changes_the_launch_line(tmp_path):
     GCD, and its launch line starts torchrun once with 8 processes (dry run, as typed)."""
     make_raw_folders(tmp_path)
     env = stand_in_env(tmp_path)
-    proc = snakemake(["-n", "--config", f"data={{raw: {tmp_path / 'raw'}}}", "--set-resources",
-                      "train_stage1:gpu=8"], tmp_path, env)
+    proc = snakemake(
+        ["-n", "--config", f"data={{raw: {tmp_path / 'raw'}}}", "--set-resources", "train_stage1:gpu=8"], tmp_path, env
+    )
     out = proc.stdout + proc.stderr
-    block = out[out.index("rule train_stage1:"):]
-    block = block[:block.index("\n\n")]
+    block = out[out.index("rule train_stage1:") :]
+    block = block[: block.index("\n\n")]
     resources = next(line for line in block.splitlines() if "resources:" in line)
     assert "gpu=8" in resources and "mem_mb=480000" in resources and "tasks_per_node=2" in resources
     assert "--nproc-per-node=8" in out and "--gpus-per-node=8 --cpus-per-task=56" in out
@@ -114,8 +158,13 @@ def test_set_resources_gpu_changes_the_launch_line(tmp_path):
 def test_set_resources_that_change_the_task_geometry_are_refused(tmp_path):
     make_raw_folders(tmp_path)
     env = stand_in_env(tmp_path)
-    proc = snakemake(["-n", "--config", f"data={{raw: {tmp_path / 'raw'}}}", "--set-resources",
-                      "train_stage1:tasks_per_gpu=1"], tmp_path, env, check=False)
+    proc = snakemake(
+        ["-n", "--config", f"data={{raw: {tmp_path / 'raw'}}}", "--set-resources", "train_stage1:tasks_per_gpu=1"],
+        tmp_path,
+        env,
+        check=False,
+    )
     assert proc.returncode != 0
-    assert ("--set-resources train_stage1:tasks_per_gpu: vcloud sets the task geometry itself"
-            in proc.stdout + proc.stderr)
+    assert (
+        "--set-resources train_stage1:tasks_per_gpu: vcloud sets the task geometry itself" in proc.stdout + proc.stderr
+    )

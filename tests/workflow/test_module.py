@@ -21,7 +21,7 @@ def _using_workflow(tmp_path):
 
             module vcloud:
                 snakefile:
-                    "{ROOT / 'Snakefile'}"
+                    "{ROOT / "Snakefile"}"
                 config:
                     config
 

@@ -42,7 +42,7 @@ def write_shim(folder, *, kill_group: bool = True) -> None:
     shim.write_text(
         "#!/bin/sh\n"
         'if [ "$1" = train ] && [ "$3" = 1 ]; then\n'
-        '  shift\n'
+        "  shift\n"
         f'  if [ -e "$KILL" ]; then rm "$KILL"; KILL_GROUP={int(kill_group)} {child} validation 3 0 -- "$@"; fi\n'
         f'  {child} none 0 0 -- "$@"\n'
         "fi\n"
@@ -52,8 +52,15 @@ def write_shim(folder, *, kill_group: bool = True) -> None:
 
 
 def snakemake(work, env, *args, check=True):
-    proc = subprocess.run([*SNAKEMAKE, "--cores", "2", "--configfile", "resume.yaml", "-d", str(work), *args],
-                          cwd=work, env=env, capture_output=True, text=True, timeout=900, start_new_session=True)
+    proc = subprocess.run(
+        [*SNAKEMAKE, "--cores", "2", "--configfile", "resume.yaml", "-d", str(work), *args],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        start_new_session=True,
+    )
     if check:
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return proc
@@ -71,8 +78,12 @@ def test_killed_snakemake_late_in_train_stage1_resumes_to_the_same_weights(tmp_p
     (work / "models.yaml").write_text(yaml.safe_dump(models_config()))
     (work / "resume.yaml").write_text(yaml.safe_dump({**SMALL, "model_config": str(work / "models.yaml")}))
     write_shim(tmp_path / "bin")
-    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), KILL=str(tmp_path / "kill"))
+    env = dict(
+        os.environ,
+        PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        KILL=str(tmp_path / "kill"),
+    )
 
     snakemake(work, env, TARGET)  # uninterrupted: the reference
     reference = torch.load(work / TARGET, weights_only=True)
