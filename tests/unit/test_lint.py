@@ -52,3 +52,11 @@ def test_the_configuration_catches_what_it_should(tmp_path):
     assert _run("format", "--check", "--no-cache", "--config", config, "long.py", cwd=tmp_path).returncode == 1
     (tmp_path / "fits.py").write_text("x = " + " + ".join(["1"] * 28) + "\n")  # 116 characters
     assert _run("format", "--check", "--no-cache", "--config", config, "fits.py", cwd=tmp_path).returncode == 0
+
+
+def test_every_python_file_of_the_three_folders_is_checked():
+    """An exclude pattern that matches a folder name anywhere (e.g. "workflow") once hid tests/workflow."""
+    proc = _run("check", "--no-cache", "--show-files", *FOLDERS)
+    shown = {Path(line.strip()).resolve() for line in proc.stdout.splitlines() if line.strip().endswith(".py")}
+    expected = {p.resolve() for folder in FOLDERS for p in (ROOT / folder).rglob("*.py")}
+    assert expected <= shown, sorted(str(p.relative_to(ROOT)) for p in expected - shown)[:10]
