@@ -57,6 +57,9 @@ class Forest:
 
 def float32_at_or_below(threshold: float) -> np.float32:
     """The largest float32 <= threshold: for float32 x, x <= it exactly when x <= threshold."""
+    largest = float(np.finfo(np.float32).max)  # a double: numpy 2 would compare in float32
+    if threshold > largest or threshold < -largest:
+        return np.float32(largest if threshold > 0 else -np.inf)
     down = np.float32(threshold)
     if float(down) > threshold:
         down = np.nextafter(down, np.float32(-np.inf))
