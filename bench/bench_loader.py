@@ -17,8 +17,9 @@ S1 (2) and the cloud probability (17 x 3 chunks at the defaults). Single process
   32x32: LightGBM on one thread (the worker's path), the torch traversal (data/cloud_trees.py)
   on the CPU (one thread, and all) and on CUDA when there is one (synchronised, warm).
 - legacy_zarr_reader: the format-1 path (zarr-python orthogonal selection + numpy normalisation).
-- dataloader: the training dataset through a DataLoader with `--workers` workers (capped at
-  the cores here), next to the full CFDT's step rate per GCD from the field reports.
+- dataloader: the training dataset as a GPU trains on it (detect="device") through a DataLoader
+  with `--workers` workers (capped at the cores here), next to the full CFDT's step rate per GCD
+  from the field reports.
 - raw_reference / raw_decode_only (unless --skip-raw): the GeoTIFFs as the reference loader
   reads them (with and without s2cloudless).
 Prints one JSON object; the target is shard_reader_raw and training_dataset >= 0.8 x the floor.
@@ -194,7 +195,7 @@ def main() -> None:
     figures["legacy_zarr_reader"] = rate(lambda d: legacy.read(*d), draws[:5])
     floor = figures["read_decompress_floor"]
     workers = min(args.workers, os.cpu_count() or 1)
-    loader = dataloader_rate(dataset, workers=workers, samples=args.samples)
+    loader = dataloader_rate(device_dataset, workers=workers, samples=args.samples)
     result = {
         "benchmark": "loader",
         "samples": args.samples,
