@@ -78,7 +78,7 @@ def detect_on(device: str, *, raw: bool = True) -> str:
 
 
 def _cloudy(
-    cfg: ModelSetConfig, store: Path, *, train: bool, stage_epochs: int, device: str, raw: bool = True
+    cfg: ModelSetConfig, store: Path, *, train: bool, stage_epochs: int, device: str = "cpu", raw: bool = True
 ) -> CloudySamples:
     d = cfg.data
     detect = detect_on(device, raw=raw)
