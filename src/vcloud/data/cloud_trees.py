@@ -27,8 +27,7 @@ import numpy as np
 import torch
 
 from vcloud.constants import S2_SCALE
-
-CLOUD_PROB_LEVELS = 250  # the store's uint8 scale (store.CLOUD_PROB_SCALE), repeated to keep torch-only imports
+from vcloud.data.store import CLOUD_PROB_SCALE
 
 
 @dataclass(frozen=True)
@@ -185,4 +184,4 @@ def detected_levels(s2: torch.Tensor) -> torch.Tensor:
     reflectance = torch.round(s2.float().clamp(0.0, 1.0) * S2_SCALE).div_(S2_SCALE)  # values of uint16 / 10000
     bands = reflectance[:, list(MODEL_BAND_IDS)].contiguous()
     prob = predict(s2cloudless_forest(s2.device), bands).to(torch.float32)
-    return torch.round(prob.clamp_(0.0, 1.0) * CLOUD_PROB_LEVELS).to(torch.uint8)
+    return torch.round(prob.clamp_(0.0, 1.0) * CLOUD_PROB_SCALE).to(torch.uint8)
