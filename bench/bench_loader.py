@@ -10,10 +10,16 @@ S1 (2) and the cloud probability (17 x 3 chunks at the defaults). Single process
 - shard_reader_raw: ShardReader.read_raw, what a training worker does (checksums included).
 - training_dataset: CloudySamples(raw=True)[i], the whole training sample (date picking, the
   synthetic cloud on the target, tensors); normalisation then runs on the device.
+- training_dataset_device_detect: the same with detect="device" (training on a GPU): the worker
+  skips s2cloudless (LightGBM) on the clouded target, finish_batch runs it on the GPU.
 - cpu_normalised_dataset: CloudySamples(raw=False)[i], normalised in numpy (evaluation's path).
+- detector: seconds of s2cloudless per clouded target (every pixel touched) of 256x256 and
+  32x32: LightGBM on one thread (the worker's path), the torch traversal (data/cloud_trees.py)
+  on the CPU (one thread, and all) and on CUDA when there is one (synchronised, warm).
 - legacy_zarr_reader: the format-1 path (zarr-python orthogonal selection + numpy normalisation).
-- dataloader: the training dataset through a DataLoader with `--workers` workers (capped at
-  the cores here), next to the full CFDT's step rate per GCD from the field reports.
+- dataloader: the training dataset as a GPU trains on it (detect="device") through a DataLoader
+  with `--workers` workers (capped at the cores here), next to the full CFDT's step rate per GCD
+  from the field reports.
 - raw_reference / raw_decode_only (unless --skip-raw): the GeoTIFFs as the reference loader
   reads them (with and without s2cloudless).
 Prints one JSON object; the target is shard_reader_raw and training_dataset >= 0.8 x the floor.
@@ -31,8 +37,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import ROI, add_tree_arguments, emit, make_raw  # noqa: E402
+from vcloud.data import cloudsim  # noqa: E402
+from vcloud.data.cloud_trees import detected_levels  # noqa: E402
 from vcloud.data.prepare import prepare_roi  # noqa: E402
-from vcloud.data.samples import CloudySamples  # noqa: E402
+from vcloud.data.samples import CloudySamples, detected_probability  # noqa: E402
 from vcloud.data.shards import ShardLayout, ShardReader, _read_index  # noqa: E402
 from vcloud.data.store import IMAGE_VARS, normalise_s1, normalise_s2  # noqa: E402
 
@@ -81,6 +89,43 @@ def dataloader_rate(dataset, *, workers: int, samples: int) -> float:
     return samples / (time.perf_counter() - start)
 
 
+def _best_seconds(fn, arg, *, repeats: int, sync=lambda: None) -> float:
+    fn(arg)  # warm: the model is loaded and converted once per process, as in training
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn(arg)
+        sync()
+        times.append(time.perf_counter() - start)
+    return round(min(times), 4)
+
+
+def detector_seconds(store: Path, *, repeats: int = 3) -> dict:
+    """s2cloudless on one clouded target, every pixel touched: best of `repeats` per way and size."""
+    import torch
+
+    s2 = normalise_s2(ShardReader(store).read_raw(0, [0]).s2[0])  # (13, h, w)
+    rng = np.random.default_rng(0)
+    result: dict = {"cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    threads = torch.get_num_threads()
+    for size in (256, 32):
+        ground = np.resize(s2, (13, size, size)) if s2.shape[1] < size else s2[:, :size, :size]
+        clouded = cloudsim.apply(np.ascontiguousarray(ground), *cloudsim.simulate(rng, (size, size), "thick"))
+        pixels = torch.from_numpy(np.ascontiguousarray(np.moveaxis(clouded, 0, -1).reshape(-1, 13)))  # (N, 13)
+        figures = {"lightgbm_1_thread_s": _best_seconds(detected_probability, clouded, repeats=repeats)}
+        torch.set_num_threads(1)
+        figures["torch_cpu_1_thread_s"] = _best_seconds(detected_levels, pixels, repeats=repeats)
+        torch.set_num_threads(threads)
+        figures[f"torch_cpu_{threads}_threads_s"] = _best_seconds(detected_levels, pixels, repeats=repeats)
+        if torch.cuda.is_available():
+            figures["torch_cuda_s"] = _best_seconds(
+                detected_levels, pixels.cuda(), repeats=repeats, sync=torch.cuda.synchronize
+            )
+        result[f"{size}x{size}"] = figures
+    return result
+
+
 def raw_sample(raw, scan, patch, dates, size, *, detect_clouds):
     from vcloud.data.clouds import cloud_mask, cloud_probability
     from vcloud.data.geotiff import read_image
@@ -115,6 +160,9 @@ def main() -> None:
     ]
     reader = ShardReader(store)
     dataset = CloudySamples(store, dates=args.dates + 1, length=args.samples, seed=0, clear_max_cover=1.01, raw=True)
+    device_dataset = CloudySamples(
+        store, dates=args.dates + 1, length=args.samples, seed=0, clear_max_cover=1.01, raw=True, detect="device"
+    )
     cpu_dataset = CloudySamples(store, dates=args.dates + 1, length=args.samples, seed=0, clear_max_cover=1.01)
     plan = floor_plan(store, draws)
     per_sample = len(IMAGE_VARS)
@@ -138,6 +186,7 @@ def main() -> None:
             ),
             "shard_reader_raw": rate(lambda d: reader.read_raw(*d), draws),
             "training_dataset": rate(lambda i: dataset[i], range(args.samples)),
+            "training_dataset_device_detect": rate(lambda i: device_dataset[i], range(args.samples)),
             "cpu_normalised_dataset": rate(lambda i: cpu_dataset[i], range(args.samples)),
         }
         for key, value in runs.items():
@@ -146,7 +195,7 @@ def main() -> None:
     figures["legacy_zarr_reader"] = rate(lambda d: legacy.read(*d), draws[:5])
     floor = figures["read_decompress_floor"]
     workers = min(args.workers, os.cpu_count() or 1)
-    loader = dataloader_rate(dataset, workers=workers, samples=args.samples)
+    loader = dataloader_rate(device_dataset, workers=workers, samples=args.samples)
     result = {
         "benchmark": "loader",
         "samples": args.samples,
@@ -164,6 +213,7 @@ def main() -> None:
         "cfdt_full_gpu_samples_per_s_per_gcd": CFDT_FULL_SAMPLES_PER_S_PER_GCD,
         # At 7 cores per GCD, if workers scale as measured here (per-worker rate x 7):
         "loader_headroom_at_7_workers": round(7 * loader / max(workers, 1) / CFDT_FULL_SAMPLES_PER_S_PER_GCD, 1),
+        "detector": detector_seconds(store),
     }
     if not args.skip_raw:
         from vcloud.data.layout import scan_roi

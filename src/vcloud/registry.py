@@ -31,7 +31,9 @@ class Stage:
     reads_wind: bool  # takes the wind cache when stage1.model.wind_scan is on
     builder: str  # "module:function" (cfg, *, train, val, ...) -> trainer.StageTask
     predictor: str  # "module:function" (cfg, checkpoints, wind) -> (batch -> (B, 13, H, W))
-    needs_device: bool = False  # the builder runs models itself (stage 3's teacher)
+    # The builder takes the training device: it runs models itself (stage 3's teacher) or picks
+    # where s2cloudless runs on the clouded targets (stages 1-3, train/stages.py detect_on).
+    needs_device: bool = False
     viewer_label: str | None = None  # a layer and method of the viewer under this label; None: not shown
 
     @property
@@ -77,10 +79,12 @@ STAGES: tuple[Stage, ...] = (
           builder=f"{_BUILDERS}:stage0", predictor=f"{_PREDICTORS}:autoencoder"),
     # stage 1: CFDT draft over T dates
     Stage(1, upstream=(), predictor_needs=(1,), reads_wind=True,
-          builder=f"{_BUILDERS}:stage1", predictor=f"{_PREDICTORS}:draft", viewer_label="stage 1 draft"),
+          builder=f"{_BUILDERS}:stage1", predictor=f"{_PREDICTORS}:draft", needs_device=True,
+          viewer_label="stage 1 draft"),
     # stage 2: diffusion refiner in the stage-0 latent space, on the frozen stage-1 draft
     Stage(2, upstream=(0, 1), predictor_needs=(0, 1, 2), reads_wind=True,
-          builder=f"{_BUILDERS}:stage2", predictor=f"{_PREDICTORS}:refined", viewer_label="stage 2 refined"),
+          builder=f"{_BUILDERS}:stage2", predictor=f"{_PREDICTORS}:refined", needs_device=True,
+          viewer_label="stage 2 refined"),
     # stage 3: self-trained CFDT student (teacher: stages 0-2); predicts as a stage-1 draft
     Stage(3, upstream=(0, 1, 2), predictor_needs=(3,), reads_wind=True,
           builder=f"{_BUILDERS}:stage3", predictor=f"{_PREDICTORS}:draft", needs_device=True,

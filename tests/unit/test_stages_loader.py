@@ -41,3 +41,16 @@ def test_stage0_clear_images_are_normalised_once(tiny_store, small, one_thread):
     batch = default_collate([task.train_set[i] for i in range(2)])
     assert set(batch) == {"target_raw"}
     assert torch.isfinite(task.loss(task.model, batch))
+
+
+def test_stages_detect_clouds_where_they_train(tiny_store, small, one_thread):
+    """On a GPU the loader workers skip LightGBM (finish_batch detects there); on the CPU they run it."""
+    cfg = _cfg(small)
+    assert stages.detect_on("cuda") == "device" and stages.detect_on("cuda:1") == "device"
+    assert stages.detect_on("cpu") == "worker" and stages.detect_on("cuda", raw=False) == "worker"
+    on_gpu = stages.stage1(cfg, train=tiny_store, val=tiny_store, device="cuda")
+    assert on_gpu.train_set.detect == on_gpu.val_set.detect == "device"
+    on_cpu = stages.stage1(cfg, train=tiny_store, val=tiny_store, device="cpu")
+    assert on_cpu.train_set.detect == on_cpu.val_set.detect == "worker"
+    batch = default_collate([on_gpu.train_set[i] for i in range(2)])
+    assert "detect_target" in batch and torch.isfinite(on_gpu.loss(on_gpu.model, batch))

@@ -30,6 +30,7 @@ def _bench(script, *args, cwd=ROOT):
                 "training_dataset_samples_per_s",
                 "dataloader_samples_per_s",
                 "speedup_vs_reference",
+                "training_dataset_device_detect_samples_per_s",
             ),
         ),
     ],
@@ -38,6 +39,10 @@ def test_data_benchmarks_print_their_figures(tmp_path, script, extra, keys):
     result = _bench(script, *TINY_TREE, "--workdir", str(tmp_path), *extra)
     for key in keys:
         assert result[key] > 0, key
+    if script == "bench_loader.py":  # seconds of s2cloudless per target, each way
+        for size in ("256x256", "32x32"):
+            assert result["detector"][size]["lightgbm_1_thread_s"] > 0
+            assert result["detector"][size]["torch_cpu_1_thread_s"] > 0
 
 
 def test_wind_cache_benchmark_meets_its_size_target():

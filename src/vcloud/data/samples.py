@@ -24,6 +24,11 @@ the whole batch where it lands (the accelerator) and blends the synthetic cloud 
 the worker, from the sample's seed, where its detected probability is computed too) into the
 target date, giving exactly the layout and values of `raw=False`: normalising 17 images in numpy costs a loader process about as much as reading
 and decompressing them; on the device it costs nothing.
+
+`detect` says where s2cloudless runs on the clouded target: "worker" (LightGBM in the loader
+process, ~1 s of one core per 256x256 target) or "device" (raw batches only: the worker leaves
+the stored probability and marks the sample `detect_target`; finish_batch runs the same trees
+as torch tensors, data/cloud_trees.py, where the batch is). Training on a GPU uses "device".
 """
 
 from __future__ import annotations
@@ -36,9 +41,12 @@ from torch.utils.data import Dataset, Sampler
 
 from vcloud.constants import CLEAR_MAX_COVER, CLOUD_CLASSES, S1_CLIP_DB, S2_CLIP, S2_SCALE, S2CLOUDLESS_KWARGS
 from vcloud.data import cloudsim
+from vcloud.data.cloud_trees import detected_levels
 from vcloud.data.clouds import cloud_probability
 from vcloud.data.shards import ShardReader as StoreReader
 from vcloud.data.store import CLOUD_PROB_SCALE, normalise_s1, normalise_s2
+
+DETECT_ON = ("worker", "device")  # where CloudySamples runs s2cloudless on the clouded target
 
 
 def _usable(reader: StoreReader) -> np.ndarray:
@@ -107,7 +115,13 @@ class CloudySamples(_StoreSamples):
         all_from: float = 0.0,
         kinds: tuple[str, ...] | None = None,
         raw: bool = False,
+        detect: str = "worker",
     ):
+        if detect not in DETECT_ON:
+            raise ValueError(f"CloudySamples detect={detect!r}: expected one of {', '.join(DETECT_ON)}")
+        if detect == "device" and not raw:
+            raise ValueError("CloudySamples detect='device' needs raw=True (finish_batch detects on the device)")
+        self.detect = detect
         reader = StoreReader(store)
         usable = _usable(reader)
         clear = usable & (np.nan_to_num(reader.cloud_cover, nan=1.0) < clear_max_cover)
@@ -162,7 +176,9 @@ class CloudySamples(_StoreSamples):
         truth = normalise_s2(s2[target_index])
         clouded = cloudsim.apply(truth, opacity, shadow)  # (13, h, w)
         detected = self._detected.get(index)
-        if detected is None:  # what prepare would store for the clouded target
+        if self.detect == "device":  # finish_batch detects on the clouded target
+            detected = prob[target_index]
+        elif detected is None:  # what prepare would store for the clouded target
             touched = (opacity > 0) | (shadow > 0)
             detected = prob[target_index].copy()  # untouched pixels: stored from the same values
             detected[touched] = detected_probability(clouded[:, touched][:, None])[0]  # (13, 1, M) -> (M,)
@@ -178,6 +194,8 @@ class CloudySamples(_StoreSamples):
                 "cloud_shadow": torch.from_numpy(np.ascontiguousarray(shadow, dtype=np.float32)),
                 "days": days, "target_index": torch.tensor(target_index),
             }  # fmt: skip
+            if self.detect == "device":
+                item["detect_target"] = torch.tensor(True)
         else:
             s2 = normalise_s2(s2)
             s2[target_index] = clouded
@@ -283,7 +301,8 @@ def finish_batch(batch: dict) -> dict:
 
     x (B, T, 16, H, W) = 13 S2 + 2 S1 + cloud probability; the target slot holds the clouded
     image (the cloud simulated in the worker, blended here) and the probability s2cloudless
-    found on it (in the worker); target = the clear image; target_s1 / target_prob are the target slot's S1 and
+    found on it (in the worker, or here for samples marked `detect_target`: CloudySamples(detect="device"));
+    target = the clear image; target_s1 / target_prob are the target slot's S1 and
     probability. A batch already normalised (no raw keys) is returned as it is.
     """
     if "target_raw" in batch:
@@ -294,17 +313,31 @@ def finish_batch(batch: dict) -> dict:
     low, high = S1_CLIP_DB
     s2 = _reflectance(batch["s2_raw"])  # (B, T, 13, H, W)
     s1 = batch["s1_raw"].to(torch.float32).clamp(low, high).sub_(low).div_(high - low).nan_to_num_(nan=0.0)
-    raw_prob = batch["prob_raw"]
-    prob = torch.where(raw_prob == 255, 1.0, raw_prob.to(torch.float32) / CLOUD_PROB_SCALE)  # (B, T, H, W)
     rows = torch.arange(s2.shape[0], device=s2.device)
     slot = batch["target_index"].to(s2.device)
     truth = s2[rows, slot]  # (B, 13, H, W) the clear target, a copy
-    opacity, shadow = batch["cloud_opacity"], batch["cloud_shadow"]  # (B, H, W)
-    s2[rows, slot] = _apply_cloud(truth, opacity.to(s2.device), shadow.to(s2.device))
+    opacity = batch["cloud_opacity"].to(s2.device)  # (B, H, W)
+    shadow = batch["cloud_shadow"].to(s2.device)
+    s2[rows, slot] = clouded = _apply_cloud(truth, opacity, shadow)
+    raw_prob = batch["prob_raw"].to(s2.device)  # (B, T, H, W) uint8
+    if "detect_target" in batch:
+        assert bool(batch["detect_target"].all()), "a batch mixes samples detected in the worker and here"
+        raw_prob = raw_prob.clone()
+        raw_prob[rows, slot] = _detect_target(raw_prob[rows, slot], clouded, opacity, shadow)
+    prob = torch.where(raw_prob == 255, 1.0, raw_prob.to(torch.float32) / CLOUD_PROB_SCALE)  # (B, T, H, W)
     x = torch.cat([s2, s1, prob[:, :, None]], dim=2)
-    drop = ("s2_raw", "s1_raw", "prob_raw", "cloud_opacity", "cloud_shadow")
+    drop = ("s2_raw", "s1_raw", "prob_raw", "cloud_opacity", "cloud_shadow", "detect_target")
     rest = {k: v for k, v in batch.items() if k not in drop}
     return {**rest, "x": x, "target": truth, "target_s1": s1[rows, slot], "target_prob": prob[rows, slot]}
+
+
+def _detect_target(stored, clouded, opacity, shadow) -> torch.Tensor:
+    """The worker's detection (CloudySamples.__getitem__) on a batch: s2cloudless on the touched
+    pixels of the clouded targets (B, 13, H, W), the stored uint8 probability (B, H, W) elsewhere."""
+    touched = (opacity > 0) | (shadow > 0)  # (B, H, W)
+    detected = stored.clone()
+    detected[touched] = detected_levels(clouded.permute(0, 2, 3, 1)[touched])  # (M, 13) -> (M,)
+    return detected
 
 
 def _apply_cloud(s2: torch.Tensor, opacity: torch.Tensor, shadow: torch.Tensor) -> torch.Tensor:

@@ -70,18 +70,28 @@ def load_frozen(model: nn.Module, path: Path, *, stage: int) -> nn.Module:
     return model
 
 
-def _cloudy(cfg: ModelSetConfig, store: Path, *, train: bool, stage_epochs: int, raw: bool = True) -> CloudySamples:
+def detect_on(device: str, *, raw: bool = True) -> str:
+    """Where CloudySamples runs s2cloudless: on a GPU the worker skips LightGBM (~1 s of a core per
+    256x256 target) and finish_batch runs the same trees there; on the CPU the worker runs LightGBM,
+    faster there than the torch traversal. Normalised (raw=False) samples detect in the worker."""
+    return "device" if raw and torch.device(device).type == "cuda" else "worker"
+
+
+def _cloudy(
+    cfg: ModelSetConfig, store: Path, *, train: bool, stage_epochs: int, device: str = "cpu", raw: bool = True
+) -> CloudySamples:
     d = cfg.data
+    detect = detect_on(device, raw=raw)
     if train:
         cur = cfg.stage1.curriculum
         return CloudySamples(
             store, dates=d.input_dates, length=d.samples_per_epoch, seed=cfg.stage1.train.seed,
             crop=d.crop, clear_max_cover=d.clear_target_max_cover, epochs=stage_epochs,
-            mixed_from=cur.mixed_from, all_from=cur.all_from, raw=raw,
+            mixed_from=cur.mixed_from, all_from=cur.all_from, raw=raw, detect=detect,
         )  # fmt: skip
     return CloudySamples(
         store, dates=d.input_dates, length=d.val_samples, seed=VAL_SEED, crop=None,
-        clear_max_cover=d.clear_target_max_cover, kinds=EVAL_KINDS, raw=raw,
+        clear_max_cover=d.clear_target_max_cover, kinds=EVAL_KINDS, raw=raw, detect=detect,
     )  # fmt: skip
 
 
@@ -141,8 +151,10 @@ def stage0(cfg: ModelSetConfig, *, train: Path, val: Path) -> StageTask:
     ))  # fmt: skip
 
 
-def stage1(cfg: ModelSetConfig, *, train: Path, val: Path, wind: WindCache | None = None) -> StageTask:
-    train_set = _cloudy(cfg, train, train=True, stage_epochs=cfg.stage1.train.epochs)
+def stage1(
+    cfg: ModelSetConfig, *, train: Path, val: Path, wind: WindCache | None = None, device: str = "cpu"
+) -> StageTask:
+    train_set = _cloudy(cfg, train, train=True, stage_epochs=cfg.stage1.train.epochs, device=device)
     model = install_wind_orders(CFDT(cfg.stage1.model), wind)
 
     def loss(m, batch):
@@ -155,7 +167,8 @@ def stage1(cfg: ModelSetConfig, *, train: Path, val: Path, wind: WindCache | Non
         return {"curriculum": "+".join(train_set.kinds_at(epoch))}
 
     return _on_device(StageTask(
-        stage=1, model=model, train_set=train_set, val_set=_cloudy(cfg, val, train=False, stage_epochs=1),
+        stage=1, model=model, train_set=train_set,
+        val_set=_cloudy(cfg, val, train=False, stage_epochs=1, device=device),
         loss=loss, validate=validate, on_epoch_start=on_epoch_start,
     ))  # fmt: skip
 
@@ -234,8 +247,9 @@ def build_pipeline(
 
 
 def stage2(
-    cfg: ModelSetConfig, *, train: Path, val: Path, stage0_ckpt: Path, stage1_ckpt: Path, wind: WindCache | None = None
-) -> StageTask:
+    cfg: ModelSetConfig, *, train: Path, val: Path, stage0_ckpt: Path, stage1_ckpt: Path,
+    wind: WindCache | None = None, device: str = "cpu",
+) -> StageTask:  # fmt: skip
     pipeline = build_pipeline(cfg, stage0_ckpt=stage0_ckpt, stage1_ckpt=stage1_ckpt, wind=wind)
     steps = cfg.stage2.model.sample_steps
 
@@ -247,8 +261,8 @@ def stage2(
 
     return _on_device(StageTask(
         stage=2, model=pipeline,
-        train_set=_cloudy(cfg, train, train=True, stage_epochs=cfg.stage2.train.epochs),
-        val_set=_cloudy(cfg, val, train=False, stage_epochs=1), loss=loss, validate=validate,
+        train_set=_cloudy(cfg, train, train=True, stage_epochs=cfg.stage2.train.epochs, device=device),
+        val_set=_cloudy(cfg, val, train=False, stage_epochs=1, device=device), loss=loss, validate=validate,
     ))  # fmt: skip
 
 
@@ -308,7 +322,7 @@ def stage3(
     student = install_wind_orders(CFDT(cfg.stage1.model), wind)
     student.load_state_dict(load_checkpoint(stage1_ckpt)["model"])
     # Normalised on the CPU: its batches mix with the pseudo-labelled ones, which are.
-    labelled = _cloudy(cfg, train, train=True, stage_epochs=cfg.stage3.train.epochs, raw=False)
+    labelled = _cloudy(cfg, train, train=True, stage_epochs=cfg.stage3.train.epochs, device=device, raw=False)
     pseudo = PseudoLabelled(unlabelled, kept, crop=cfg.data.crop, seed=cfg.stage3.train.seed)
     train_set: Dataset = EpochConcat([labelled, pseudo]) if kept else labelled
 
@@ -319,7 +333,8 @@ def stage3(
         return compute_all(cfdt_draft(m, batch).float().clamp(0, 1), batch["target"].float())
 
     return _on_device(StageTask(
-        stage=3, model=student, train_set=train_set, val_set=_cloudy(cfg, val, train=False, stage_epochs=1),
+        stage=3, model=student, train_set=train_set,
+        val_set=_cloudy(cfg, val, train=False, stage_epochs=1, device=device),
         loss=loss, validate=validate,
         summary={"pseudo_labels_scored": len(scored), "pseudo_labels_kept": len(kept)},
         artifacts={"pseudo_labels": {"kept": len(kept), "scored": scored, "rule": SELF_TRAINING_RULE}},
