@@ -16,7 +16,8 @@ DDIM refinement (validation, evaluation) and stage 3 the teacher's time per pseu
 not depend on them).
 
 With --store: stage 1 trained from that store through the DataLoader with the configuration's
-workers and the trainer's loader options, the path a LUMI job takes: samples/s and the fraction
+workers and the trainer's loader options, the path a LUMI job takes (on a GPU, s2cloudless on the
+clouded target runs on the device, stages.detect_on): samples/s and the fraction
 of wall time spent waiting for a batch, next to the step rate on device-made batches. The
 loader keeps the device fed when that fraction is small and the two rates agree.
 
@@ -209,13 +210,14 @@ def fed_from_store(cfg, store: Path, *, device, size, steps) -> dict:
     from torch.utils.data import DataLoader
 
     from vcloud.data.samples import CloudySamples, finish_batch
+    from vcloud.train.stages import detect_on
     from vcloud.train.trainer import loader_kwargs
 
     d = cfg.data
     b = cfg.stage1.train.batch_size
     warmup = max(2, d.num_workers * d.prefetch_factor)  # worker start-up is not throughput
     dataset = CloudySamples(store, dates=d.input_dates, length=(warmup + steps) * b, seed=0, crop=d.crop,
-                            clear_max_cover=1.01, raw=True)  # fmt: skip
+                            clear_max_cover=1.01, raw=True, detect=detect_on(device))  # fmt: skip
     loader = DataLoader(dataset, sampler=range(len(dataset)), **loader_kwargs(d, batch_size=b))
     cfdt = with_wind(cfg, CFDT(cfg.stage1.model), size).to(device)
     optimizer = optim.build_optimizer(cfdt.parameters(), cfg.stage1.train)
@@ -248,6 +250,7 @@ def fed_from_store(cfg, store: Path, *, device, size, steps) -> dict:
     wall = time.perf_counter() - start
     return {
         "workers": d.num_workers,
+        "detect": detect_on(device),  # s2cloudless on the target: in the workers (CPU) or the device
         "batch": b,
         "samples_per_s": round(done / wall, 2),
         "data_wait_fraction": round(wait / wall, 3),
