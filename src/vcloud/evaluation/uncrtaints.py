@@ -505,7 +505,7 @@ class UncrtaintsSamples(Dataset):
         return {
             "protocol": PROTOCOL, "dates": self.dates, "region": self.region,
             "min_cov": self.min_cov, "max_cov": self.max_cov,
-            "pairs": None if self.pairs is None else str(self.pairs),
+            "pairs": "computed" if self.pairs is None else str(self.pairs),
             "pairs_outside_store": self.pairs_unmatched,
             "samples": len(self.items),
             "target_in_inputs": sum(item.target in item.inputs for item in self.items),
