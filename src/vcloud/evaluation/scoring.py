@@ -66,6 +66,10 @@ def class_name(index: int) -> str:
     return CLOUD_CLASSES[index] if 0 <= index < len(CLOUD_CLASSES) else "unknown"
 
 
+def _class_order(name: str) -> int:
+    return CLOUD_CLASSES.index(name) if name in CLOUD_CLASSES else len(CLOUD_CLASSES)
+
+
 def describe(result: dict) -> str:
     """One line naming a protocol's setup: 'uncrtaints: T=3, region all, cov [0, 1], pairs computed'."""
     setup = result.get("protocol", {})
@@ -82,6 +86,12 @@ def _value(value: float | None, metric: str, *, sign: bool = False) -> str:
     if value is None:
         return "-"
     return f"{value:+.{DIGITS[metric]}f}" if sign else f"{value:.{DIGITS[metric]}f}"
+
+
+def _difference(paired: dict | None, metric: str) -> str:
+    if paired is None:
+        return "-"
+    return f"{_value(paired['difference'], metric, sign=True)} ± {_value(paired['se'], metric)}"
 
 
 def mean_rows(report: dict) -> list[list[str]]:
@@ -104,13 +114,11 @@ def difference_rows(report: dict) -> list[list[str]]:
     rows = []
     for protocol, result in report["protocols"].items():
         for other, comparison in result.get("paired", {}).items():
-            parts = [("all", comparison["overall"]), *comparison["by_class"].items()]
+            classes = sorted(comparison["by_class"].items(), key=lambda kv: _class_order(kv[0]))
+            parts = [("all", comparison["overall"]), *classes]
             for cloud_class, by_metric in parts:
                 psnr = by_metric["psnr"]
-                cells = [
-                    f"{_value(by_metric[m]['difference'], m, sign=True)} ± {_value(by_metric[m]['se'], m)}"
-                    for m in METRICS
-                ]
+                cells = [_difference(by_metric.get(m), m) for m in METRICS]
                 rows.append([
                     protocol, f"{comparison['method']} - {other}", cloud_class, str(psnr["samples"]),
                     str(psnr.get("locations", "-")), cells[0], _value(psnr.get("se_location"), "psnr"), *cells[1:],

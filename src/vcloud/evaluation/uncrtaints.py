@@ -511,6 +511,8 @@ class UncrtaintsSamples(Dataset):
             "target_in_inputs": sum(item.target in item.inputs for item in self.items),
             "coverage_match": sum(item.match for item in self.items),
             "skipped": [f"{name}: {why}" for name, why in self.skipped],
+            # per sample, in sample order: [location id, target date index, input date indices, slot]
+            "items": [[self.reader.locations[i.location], i.target, list(i.inputs), i.slot] for i in self.items],
         }  # fmt: skip
 
     def __len__(self) -> int:
