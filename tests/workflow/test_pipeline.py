@@ -21,7 +21,9 @@ def test_lint_is_clean():
 
 def test_snakefmt_is_clean():
     files = [ROOT / "Snakefile", *sorted((ROOT / "workflow/rules").glob("*.smk"))]
-    proc = subprocess.run([sys.executable, "-m", "snakefmt", "--check", *map(str, files)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakefmt", "--check", *map(str, files)], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -93,14 +95,17 @@ def test_every_stage_is_evaluated_on_the_test_split(data_run):
     for stage in range(4):
         report = json.loads((work / f"results/eval/stage{stage}.json").read_text())
         assert report["stage"] == stage and report["store"].endswith("test.zarr")
-        for protocol in ("fixed", "reference"):
+        for protocol in ("fixed", "reference", "uncrtaints"):
             result = report["protocols"][protocol]
-            assert result["samples"] > 0
-            for method in ("model", "least_cloudy_date", "median_mosaic"):
+            assert result["samples"] > 0 and result["protocol"]["protocol"] == protocol
+            for method in ("model", "least_cloudy_date", "median_mosaic", "nearest_clear_date"):
                 assert all(math.isfinite(v) for v in result[method]["mean"].values()), (stage, protocol, method)
                 assert len(result[method]["per_sample"]["psnr"]) == result["samples"]
+            assert result["paired"]["nearest_clear_date"]["overall"]["psnr"]["samples"] == result["samples"]
+        setup = report["protocols"]["uncrtaints"]["protocol"]
+        assert (setup["dates"], setup["region"], setup["pairs"]) == (3, "all", "computed")
         log = (work / f"logs/evaluate_stage{stage}/evaluate_stage{stage}.log").read_text()
-        assert "| fixed | model |" in log
+        assert "| fixed | model |" in log and "| uncrtaints | model - nearest_clear_date | all |" in log
 
 
 def test_viewer_is_exported_from_the_test_split(data_run):
@@ -183,16 +188,20 @@ def test_second_run_has_nothing_to_do(data_run):
     assert "Nothing to be done" in proc.stdout + proc.stderr
 
 
-
 def test_rerun_one_stage_by_target(data_run):
     work, _, _ = data_run
-    proc = run(["-n", "--configfile", "small.yaml", "-d", str(work), "results/stage2/best.pt", "-R", "train_stage2"], cwd=work)
+    proc = run(
+        ["-n", "--configfile", "small.yaml", "-d", str(work), "results/stage2/best.pt", "-R", "train_stage2"], cwd=work
+    )
     text = proc.stdout + proc.stderr
     stats = text.split("Job stats:", 1)[1].split("total", 1)[0]
     jobs = [line.split()[0] for line in stats.splitlines()[3:] if line.strip()]
     assert jobs == ["train_stage2"], text[-2000:]
     before = {n: (work / f"results/stage{n}/best.pt").stat().st_mtime_ns for n in (1, 2)}
-    run(["--cores", "2", "--configfile", "small.yaml", "-d", str(work), "results/stage2/best.pt", "-R", "train_stage2"], cwd=work)
+    run(
+        ["--cores", "2", "--configfile", "small.yaml", "-d", str(work), "results/stage2/best.pt", "-R", "train_stage2"],
+        cwd=work,
+    )
     assert (work / "results/stage1/best.pt").stat().st_mtime_ns == before[1]
     assert (work / "results/stage2/best.pt").stat().st_mtime_ns != before[2]
 
@@ -238,5 +247,8 @@ def test_wind_scan_config_adds_the_cache_rule_as_input_of_stages_1_to_3(tmp_path
 
 def test_local_profile_dry_run(tmp_path):
     (tmp_path / "small.yaml").write_text(yaml.safe_dump(SMALL))
-    proc = run(["--profile", str(ROOT / "profiles/local"), "-n", "--configfile", "small.yaml", "-d", str(tmp_path)], cwd=tmp_path)
+    proc = run(
+        ["--profile", str(ROOT / "profiles/local"), "-n", "--configfile", "small.yaml", "-d", str(tmp_path)],
+        cwd=tmp_path,
+    )
     assert "This was a dry-run" in proc.stdout + proc.stderr
