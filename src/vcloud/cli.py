@@ -171,7 +171,15 @@ def _cmd_evaluate(args: argparse.Namespace) -> None:
         config_path=args.config,
         wind_cache=args.wind_cache,
         samples=args.samples,
+        uncrtaints_pairs=args.uncrtaints_pairs,
     )
+
+
+def _cmd_uncrtaints_convert(args: argparse.Namespace) -> None:
+    from vcloud.evaluation.uncrtaints import convert_pairs
+
+    entries = convert_pairs(args.source, args.out)
+    print(f"{args.out}: {entries} entries of {args.source}")
 
 
 def _cmd_memory(args: argparse.Namespace) -> None:
@@ -246,7 +254,7 @@ def _cmd_plot_curves(args: argparse.Namespace) -> None:
 def _cmd_report_tables(args: argparse.Namespace) -> None:
     from vcloud.export.report import evaluation_tables
 
-    evaluation_tables(args.reports, args.out)
+    evaluation_tables(args.reports, args.out, markdown=args.markdown)
 
 
 def _cmd_accounting(args: argparse.Namespace) -> None:
@@ -380,6 +388,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wind-cache", type=Path, help="wind-scanner cache (when stage1.model.wind_scan)")
     p.add_argument("--samples", type=int, help="fixed-protocol samples (default: one per clear date)")
     p.add_argument(
+        "--uncrtaints-pairs",
+        type=Path,
+        metavar="PATH",
+        help="protocol uncrtaints: the released pairing file (generic_{T}_test_all_s2cloudless_mask.npy) or its "
+        "JSON conversion; overrides evaluation.uncrtaints.pairs of --config",
+    )
+    p.add_argument(
         "--env",
         action="append",
         default=[],
@@ -387,6 +402,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="set before torch starts ({node}, {user} expand); repeatable",
     )
     p.set_defaults(func=_cmd_evaluate)
+
+    p = sub.add_parser(
+        "uncrtaints-convert", help="a released UnCRtainTS pairing file (.npy pickled dict) -> checked JSON"
+    )
+    p.add_argument("source", type=Path, help="generic_{T}_test_all_s2cloudless_mask.npy (read without unpickling code)")
+    p.add_argument("out", type=Path, help="FILE.json to write (read by vcloud evaluate --uncrtaints-pairs)")
+    p.set_defaults(func=_cmd_uncrtaints_convert)
 
     p = sub.add_parser("memory", help="memory estimate per component of the stage-1 model")
     p.add_argument("--config", type=Path, required=True, help="config/models/*.yaml")
@@ -432,6 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report-tables", help="evaluation reports of the stages as one HTML page")
     p.add_argument("--out", type=Path, required=True, help="FILE.html to write")
+    p.add_argument("--markdown", type=Path, help="also write the tables as Markdown (FILE.md)")
     p.add_argument("reports", type=Path, nargs="+", help="results/eval/stage<n>.json")
     p.set_defaults(func=_cmd_report_tables)
 

@@ -27,8 +27,10 @@ def test_score_reports_means_classes_and_baselines_on_the_same_samples(tiny_stor
     assert result["least_cloudy_date"]["mean"]["psnr"] < 100.0
     counts = sum(c["samples"] for c in result["median_mosaic"]["by_class"].values())
     assert counts == 6 and len(result["median_mosaic"]["per_sample"]["rmse"]) == 6
+    assert len(result["nearest_clear_date"]["per_sample"]["psnr"]) == 6
     text = table({"protocols": {"fixed": result}})
-    assert "| fixed | model | 100.00 |" in text
+    assert "| fixed | model | 6 | 100.00 |" in text
+    assert "| fixed | nearest_clear_date | 6 |" in text
 
 
 def _tiny_config(tmp_path):

@@ -148,6 +148,9 @@ def test_the_hash_of_an_unchanged_config_is_stable(tmp_path):
     # How a run is observed, not what it learns.
     (lambda d: [d[f"stage{n}"]["train"].update(tensorboard=False) for n in STAGE_NUMBERS], set()),
     (lambda d: d.update(name="renamed"), set()),
+    # How the stages are evaluated: the evaluations rerun (their own hash), no stage retrains.
+    (lambda d: d["evaluation"]["uncrtaints"].update(dates=4, region="europa"), set()),
+    (lambda d: d.pop("evaluation"), set()),
 ])  # fmt: skip
 def test_what_a_change_reruns(tmp_path, edit, reruns):
     assert changed(tmp_path, edit) == reruns

@@ -3,6 +3,7 @@
 import csv
 import json
 
+import numpy as np
 import pytest
 
 from vcloud.errors import BadInputError
@@ -128,6 +129,36 @@ def test_evaluation_tables_show_means_and_classes_of_every_stage(tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(BadInputError, match="bad.json: not an evaluation report"):
         evaluation_tables([tmp_path / "bad.json"], tmp_path / "eval.html")
+
+
+def test_evaluation_tables_show_the_protocol_the_new_baseline_and_paired_errors(tmp_path):
+    from vcloud.evaluation.stats import paired_report
+
+    def method(psnr):
+        return {"mean": {"psnr": float(np.mean(psnr)), "ssim": 0.9, "sam": 5.0, "mae": 0.02, "rmse": 0.03},
+                "by_class": {}, "per_sample": {"psnr": psnr, "ssim": [0.9, 0.8, 0.7]}}  # fmt: skip
+
+    result = {"samples": 3, "cloud_class": ["thin", "thin", "thick"], "location": [0, 0, 1],
+              "model": method([30.0, 32.0, 34.0]), "nearest_clear_date": method([29.0, 30.0, 30.0])}  # fmt: skip
+    result["paired"] = paired_report(result, others=["nearest_clear_date"])
+    setup = {"protocol": "uncrtaints", "dates": 3, "region": "europa", "min_cov": 0.0, "max_cov": 1.0,
+             "pairs": "computed", "target_in_inputs": 1, "samples": 3}  # fmt: skip
+    report = {"stage": 1, "store": "test.zarr", "protocols": {"uncrtaints": {"protocol": setup, **result}}}
+    (tmp_path / "stage1.json").write_text(json.dumps(report))
+    evaluation_tables([tmp_path / "stage1.json"], tmp_path / "eval.html", markdown=tmp_path / "eval.md")
+    page = (tmp_path / "eval.html").read_text()
+    setup_line = "uncrtaints: T=3, region europa, coverage [0, 1], pairs computed, target among the inputs in 1 of 3"
+    assert f"<li>{setup_line}</li>" in page
+    assert "<td class=l>uncrtaints</td><td class=l>nearest_clear_date</td><td>3</td><td>29.67</td>" in page
+    # differences 1, 2, 4: mean 2.33, paired SE std([1, 2, 4], ddof=1) / sqrt(3) = 0.88; by location
+    # (0: 1, 2; 1: 4) sqrt(2 * ((-1.33 - 0.33)^2 + 1.67^2)) / 3 = 1.11
+    row = ("<td class=l>uncrtaints</td><td class=l>model - nearest_clear_date</td><td class=l>all</td><td>3</td>"
+           "<td>2</td><td>+2.33 ± 0.88</td><td>1.11</td><td>+0.000 ± 0.000</td>")  # fmt: skip
+    assert row in page
+    assert "<td class=l>thin</td><td>2</td><td>1</td><td>+1.50 ± 0.50</td><td>-</td>" in page  # 1 location: no SE
+    text = (tmp_path / "eval.md").read_text()
+    assert f"- {setup_line}" in text
+    assert "| uncrtaints | model - nearest_clear_date | all | 3 | 2 | +2.33 ± 0.88 | 1.11 |" in text
 
 
 def test_cli_accounting_rejects_resources_that_are_not_json(tmp_path, capsys):

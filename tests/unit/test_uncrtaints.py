@@ -287,3 +287,159 @@ def test_pairs_are_verified_against_the_store(hand_store, tmp_path):
     np.save(tmp_path / "array.npy", np.zeros(3))
     with pytest.raises(BadInputError, match=r"array.npy: holds a float64 array of shape \(3,\), not a pickled dict"):
         read_pairs(tmp_path / "array.npy")
+
+
+# --- through vcloud evaluate ------------------------------------------------------------------
+
+
+def _config(tmp_path: Path, evaluation: dict | None, name: str = "models.yaml") -> Path:
+    import yaml
+
+    from tests.workflow.snakemake_run import ROOT
+
+    models = yaml.safe_load((ROOT / "tests/workflow/tiny_models.yaml").read_text())
+    models["stage1"]["model"]["wind_scan"] = False
+    if evaluation is not None:
+        models["evaluation"] = evaluation
+    (tmp_path / name).write_text(yaml.safe_dump(models))
+    return tmp_path / name
+
+
+def _stage0(tmp_path: Path, config: Path) -> Path:
+    from vcloud.config import load_model_config
+    from vcloud.models.autoencoder import Autoencoder
+    from vcloud.train.checkpoint import checkpoint_meta, save_checkpoint
+
+    torch.manual_seed(0)
+    path = tmp_path / "stage0.pt"
+    model = Autoencoder(load_model_config(config).stage0.model)
+    save_checkpoint(path, {**checkpoint_meta(stage=0, config_hash="t"), "model": model.state_dict()})
+    return path
+
+
+def test_vcloud_evaluate_reports_the_protocol_its_samples_baselines_and_paired_errors(hand_store, tmp_path, caplog):
+    import json
+
+    from vcloud.cli import main
+    from vcloud.evaluation.stats import paired_difference
+
+    config = _config(tmp_path, None)  # no evaluation section: T=3, all regions, [0, 1], computed
+    out = tmp_path / "eval.json"
+    argv = ["evaluate", "--stage", "0", "--stage0", str(_stage0(tmp_path, config)), "--store", str(hand_store),
+            "--config", str(config), "--samples", "2", "--out", str(out)]  # fmt: skip
+    with caplog.at_level("INFO", logger="vcloud.evaluation.evaluate"):
+        assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert list(report["protocols"]) == ["fixed", "reference", "uncrtaints"]
+    result = report["protocols"]["uncrtaints"]
+    setup = result["protocol"]
+    assert {k: setup[k] for k in ("protocol", "dates", "region", "min_cov", "max_cov", "pairs")} == {
+        "protocol": "uncrtaints", "dates": 3, "region": "all", "min_cov": 0.0, "max_cov": 1.0, "pairs": "computed",
+    }  # fmt: skip
+    assert setup["items"] == [  # written by hand from LOCATIONS (as test_default_protocol_on_the_hand_made_store)
+        ["ROIs1868_119_p0", 1, [0, 1, 2], 1],
+        ["ROIs1868_119_p1", 4, [0, 1, 2], 2],
+        ["ROIs2017_63_p5", 2, [0, 1, 2], 2],
+        ["ROIs1970_22_p0", 2, [0, 1, 2], 2],
+    ]
+    assert setup["samples"] == result["samples"] == 4 and setup["target_in_inputs"] == 3
+    assert setup["skipped"] == ["ROIs1868_73_p2: date index 1 selected but unusable (image missing or bad)"]
+    assert report["protocols"]["fixed"]["protocol"]["dates"] == 2  # the model config's data.input_dates
+    for protocol in report["protocols"].values():  # the three baselines on every protocol's samples
+        assert {"least_cloudy_date", "median_mosaic", "nearest_clear_date"} <= set(protocol)
+        assert set(protocol["paired"]) == {"least_cloudy_date", "median_mosaic", "nearest_clear_date"}
+    # the paired difference is stats.py's on the stored per-sample values, and the textbook one
+    model, nearest = result["model"]["per_sample"]["psnr"], result["nearest_clear_date"]["per_sample"]["psnr"]
+    paired = result["paired"]["nearest_clear_date"]["overall"]["psnr"]
+    assert paired == paired_difference(model, nearest, groups=result["location"])
+    d = np.asarray(model) - np.asarray(nearest)
+    assert paired["difference"] == pytest.approx(d.mean()) and paired["se"] == pytest.approx(d.std(ddof=1) / 2)
+    assert paired["se_location"] == pytest.approx(paired["se"])  # one sample per location
+    by_class = result["paired"]["nearest_clear_date"]["by_class"]
+    assert sum(v["psnr"]["samples"] for v in by_class.values()) == 4
+    fixed = report["protocols"]["fixed"]
+    ssim = np.subtract(fixed["model"]["per_sample"]["ssim"], fixed["median_mosaic"]["per_sample"]["ssim"])
+    assert fixed["paired"]["median_mosaic"]["overall"]["ssim"]["se"] == pytest.approx(ssim.std(ddof=1) / np.sqrt(2))
+    log = caplog.text
+    assert "uncrtaints: T=3, region all, coverage [0, 1], pairs computed, target among the inputs in 3 of 4" in log
+    assert "| uncrtaints | model - nearest_clear_date | all | 4 | 4 | " in log
+
+
+def test_evaluate_takes_the_pairing_file_and_the_configured_t_and_region(hand_store, tmp_path):
+    from vcloud.evaluation.evaluate import evaluate
+
+    pairs = _save(tmp_path / "pairs.npy", {k: _entry(n, c) for k, (n, c) in PAIRS.items()})
+    config = _config(tmp_path, {"uncrtaints": {"dates": 2, "region": "asiaEast", "pairs": str(tmp_path / "no.npy")}})
+    report = evaluate(stage=0, store=hand_store, out=tmp_path / "e.json", checkpoints={0: _stage0(tmp_path, config)},
+                      config_path=config, samples=1, uncrtaints_pairs=pairs)  # fmt: skip
+    setup = report["protocols"]["uncrtaints"]["protocol"]
+    assert setup["pairs"] == str(pairs) and setup["dates"] == 2 and setup["region"] == "asiaEast"
+    assert setup["items"] == [["ROIs1868_119_p0", 5, [0, 1], 1], ["ROIs1868_119_p1", 0, [0, 1], 0]]
+    assert setup["target_in_inputs"] == 1 and setup["pairs_outside_store"] == 0  # ROIs1158/106: not asiaEast
+    # the configured file, when no option overrides it: a missing one stops the evaluation
+    with pytest.raises(BadInputError, match=r"no.npy: pairing file not found"):
+        evaluate(stage=0, store=hand_store, out=tmp_path / "f.json", checkpoints={0: _stage0(tmp_path, config)},
+                 config_path=config, samples=1)  # fmt: skip
+    assert not (tmp_path / "f.json").exists()
+
+
+def test_a_store_without_uncrtaints_samples_is_still_evaluated(hand_store, tmp_path):
+    from vcloud.evaluation.evaluate import evaluate
+    from vcloud.evaluation.scoring import table
+
+    config = _config(tmp_path, {"uncrtaints": {"dates": 7}})
+    report = evaluate(stage=0, store=hand_store, out=tmp_path / "e.json", checkpoints={0: _stage0(tmp_path, config)},
+                      config_path=config, samples=1)  # fmt: skip
+    result = report["protocols"]["uncrtaints"]
+    assert result["samples"] == 0 and "6 dates per location, too few for T=7 inputs" in result["unavailable"]
+    assert result["protocol"]["pairs"] == "computed" and report["protocols"]["fixed"]["samples"] == 1
+    assert "uncrtaints: T=7, region all, coverage [0, 1], pairs computed" in table(report)
+    assert "not run: " in table(report)
+
+
+@pytest.mark.parametrize(
+    "evaluation, message",
+    [
+        ({"uncrtaints": {"regoin": "all"}},
+         "unknown key evaluation.uncrtaints.regoin (allowed: dates, region, min_cov, max_cov, pairs)"),
+        ({"uncrtaints": {"region": "asia"}},
+         "key evaluation.uncrtaints.region: 'asia' is not one of all, africa, america, asiaEast, asiaWest, europa"),
+        ({"uncrtaints": {"dates": 0}}, "key evaluation.uncrtaints.dates: 0 must be >= 1"),
+        ({"uncrtaints": {"min_cov": 0.5, "max_cov": 0.2}},
+         "key evaluation.uncrtaints: need 0 <= min_cov (0.5) <= max_cov (0.2) <= 1"),
+        ({"nearest_clear_max_cover": 2}, "key evaluation.nearest_clear_max_cover: 2.0 is outside 0..1"),
+    ],
+)  # fmt: skip
+def test_a_bad_protocol_setting_fails_with_one_line(hand_store, tmp_path, capsys, evaluation, message):
+    from vcloud.cli import main
+
+    config = _config(tmp_path, evaluation)
+    argv = ["evaluate", "--stage", "0", "--stage0", str(tmp_path / "x.pt"), "--store", str(hand_store),
+            "--config", str(config), "--out", str(tmp_path / "e.json")]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err == f"vcloud evaluate: error: {config}: {message}"
+    assert not (tmp_path / "e.json").exists()
+
+
+def test_config_regions_are_the_reference_regions():
+    import typing
+
+    from vcloud.config.model_sets import UncrtaintsRegion
+    from vcloud.evaluation.uncrtaints import REGION_CHOICES
+
+    assert typing.get_args(UncrtaintsRegion) == REGION_CHOICES
+
+
+def test_vcloud_uncrtaints_convert(tmp_path, capsys):
+    from vcloud.cli import main
+
+    path = _save(tmp_path / "generic_3_test_all_s2cloudless_mask.npy", {k: _entry(n, c) for k, (n, c) in PAIRS.items()})
+    assert main(["uncrtaints-convert", str(path), str(tmp_path / "pairs.json")]) == 0
+    assert capsys.readouterr().out.strip() == f"{tmp_path / 'pairs.json'}: 4 entries of {path}"
+    assert read_pairs(tmp_path / "pairs.json") == read_pairs(path)
+    assert main(["uncrtaints-convert", str(tmp_path / "missing.npy"), str(tmp_path / "x.json")]) == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == f"vcloud uncrtaints-convert: error: {tmp_path / 'missing.npy'}: pairing file not found"
+    )

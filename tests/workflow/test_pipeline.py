@@ -95,14 +95,17 @@ def test_every_stage_is_evaluated_on_the_test_split(data_run):
     for stage in range(4):
         report = json.loads((work / f"results/eval/stage{stage}.json").read_text())
         assert report["stage"] == stage and report["store"].endswith("test.zarr")
-        for protocol in ("fixed", "reference"):
+        for protocol in ("fixed", "reference", "uncrtaints"):
             result = report["protocols"][protocol]
-            assert result["samples"] > 0
-            for method in ("model", "least_cloudy_date", "median_mosaic"):
+            assert result["samples"] > 0 and result["protocol"]["protocol"] == protocol
+            for method in ("model", "least_cloudy_date", "median_mosaic", "nearest_clear_date"):
                 assert all(math.isfinite(v) for v in result[method]["mean"].values()), (stage, protocol, method)
                 assert len(result[method]["per_sample"]["psnr"]) == result["samples"]
+            assert result["paired"]["nearest_clear_date"]["overall"]["psnr"]["samples"] == result["samples"]
+        setup = report["protocols"]["uncrtaints"]["protocol"]
+        assert (setup["dates"], setup["region"], setup["pairs"]) == (3, "all", "computed")
         log = (work / f"logs/evaluate_stage{stage}/evaluate_stage{stage}.log").read_text()
-        assert "| fixed | model |" in log
+        assert "| fixed | model |" in log and "| uncrtaints | model - nearest_clear_date | all |" in log
 
 
 def test_viewer_is_exported_from_the_test_split(data_run):

@@ -1,4 +1,4 @@
-# Evaluation of every stage on the test split (two protocols, next to two baselines), the
+# Evaluation of every stage on the test split (three protocols, next to three baselines), the
 # offline viewer and the run report's figures and tables. One evaluation rule per stage of the
 # registry: evaluate_stage0, evaluate_stage1, evaluate_stage2, evaluate_stage3.
 
@@ -31,6 +31,7 @@ for stage in STAGE_NUMBERS:
             ),
             stage=stage,
             config=get_model_config(),
+            evaluation=get_evaluation_hash(),
             checkpoints=lambda wildcards, input: get_checkpoint_flags(input),
         shell:
             "{params.launch} vcloud evaluate --stage {params.stage} --store {input.store} --out {output.report}"

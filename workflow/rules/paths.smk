@@ -63,13 +63,22 @@ def get_checkpoint_flags(input):
 
 
 def get_evaluate_input(stage):
-    """The test split and the checkpoints a stage's predictions need."""
-    return logic.evaluate_inputs(
+    """The test split, the checkpoints a stage's predictions need, and the pairing file of
+    protocol uncrtaints when the model config names one (vcloud evaluate reads it there).
+    """
+    inputs = logic.evaluate_inputs(
         stage,
         store=get_split_store("test"),
         checkpoint_path=get_checkpoint,
         wind_cache=get_wind_cache_input(),
     )
+    pairs = MODEL_SET.evaluation.uncrtaints.pairs
+    return {**inputs, "uncrtaints_pairs": pairs} if pairs else inputs
+
+
+def get_evaluation_hash():
+    """Changes when the model config's evaluation section changes: the evaluations rerun."""
+    return config_hash(MODEL_SET.evaluation)
 
 
 def get_eval_report(stage):

@@ -12,6 +12,7 @@ from vcloud.config.model_sets import (
     CFDTConfig,
     Curriculum,
     DataConfig,
+    EvaluationConfig,
     ModelSetConfig,
     Optimisations,
     RefinerConfig,
@@ -21,6 +22,7 @@ from vcloud.config.model_sets import (
     Stage2Config,
     Stage3Config,
     TrainConfig,
+    UncrtaintsProtocol,
     config_to_dict,
     load_model_config,
 )
@@ -28,9 +30,9 @@ from vcloud.config.stage_hash import NOT_HASHED_TRAIN_KEYS, config_hash, stage_c
 from vcloud.config.workflow import fill_defaults, fill_missing, key_path, read_yaml, validate_config
 
 __all__ = [
-    "AutoencoderConfig", "CFDTConfig", "Curriculum", "DataConfig", "ModelSetConfig", "Optimisations",
-    "RefinerConfig", "SelfTraining", "Stage0Config", "Stage1Config", "Stage2Config", "Stage3Config",
-    "TrainConfig", "NOT_HASHED_TRAIN_KEYS", "coerce", "config_hash", "config_to_dict", "fill_defaults",
-    "fill_missing", "from_dict", "key_path", "load_model_config", "read_yaml", "stage_config_dict",
-    "validate_config",
+    "AutoencoderConfig", "CFDTConfig", "Curriculum", "DataConfig", "EvaluationConfig", "ModelSetConfig",
+    "Optimisations", "RefinerConfig", "SelfTraining", "Stage0Config", "Stage1Config", "Stage2Config",
+    "Stage3Config", "TrainConfig", "UncrtaintsProtocol", "NOT_HASHED_TRAIN_KEYS", "coerce", "config_hash",
+    "config_to_dict", "fill_defaults", "fill_missing", "from_dict", "key_path", "load_model_config", "read_yaml",
+    "stage_config_dict", "validate_config",
 ]  # fmt: skip

@@ -159,6 +159,39 @@ class SelfTraining:
     max_pseudo_labels: int | None = None  # cap on unlabelled samples scored
 
 
+# The reference's region subsets (data.layout.REGIONS, plus all; a test checks they agree).
+UncrtaintsRegion = Literal["all", "africa", "america", "asiaEast", "asiaWest", "europa"]
+
+
+@dataclass(frozen=True)
+class UncrtaintsProtocol:
+    """Protocol `uncrtaints` of `vcloud evaluate`: the reference loader's fixed sampler."""
+
+    dates: int = 3  # T input dates (the reference's n_input_samples)
+    region: UncrtaintsRegion = "all"
+    min_cov: float = 0.0  # inputs: the first T dates whose cloud coverage lies in [min_cov, max_cov]
+    max_cov: float = 1.0
+    pairs: str | None = None  # the released pairing file (.npy) or its JSON conversion; None = computed
+
+    def __post_init__(self) -> None:  # runs at import (EvaluationConfig's default): no module helpers
+        if self.dates < 1:
+            raise ValueError(f"dates: {self.dates} must be >= 1")
+        if not 0.0 <= self.min_cov <= self.max_cov <= 1.0:
+            raise ValueError(f": need 0 <= min_cov ({self.min_cov}) <= max_cov ({self.max_cov}) <= 1")
+
+
+@dataclass(frozen=True)
+class EvaluationConfig:
+    """`vcloud evaluate`: settings of the protocols (no stage hash depends on them)."""
+
+    uncrtaints: UncrtaintsProtocol = UncrtaintsProtocol()
+    nearest_clear_max_cover: float = 0.05  # nearest-clear-date baseline: a date is clear at most this cover
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.nearest_clear_max_cover <= 1.0:
+            raise ValueError(f"nearest_clear_max_cover: {self.nearest_clear_max_cover} is outside 0..1")
+
+
 @dataclass(frozen=True)
 class Stage0Config:
     model: AutoencoderConfig
@@ -194,6 +227,7 @@ class ModelSetConfig:
     stage1: Stage1Config
     stage2: Stage2Config
     stage3: Stage3Config
+    evaluation: EvaluationConfig = EvaluationConfig()
 
 
 def load_model_config(path: Path) -> ModelSetConfig:

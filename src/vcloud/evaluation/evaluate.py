@@ -1,10 +1,18 @@
-"""`vcloud evaluate`: a stage's metrics on a prepared store, next to two baselines.
+"""`vcloud evaluate`: a stage's metrics on a prepared store, next to three baselines.
 
-Per protocol (evaluation/protocols.py: fixed and reference): PSNR, SSIM, SAM, MAE, RMSE per
-sample and averaged, also per cloud class of the target-date input, for the stage and for the
-least-cloudy-date and median-mosaic baselines on the same samples (evaluation/scoring.py).
+Per protocol (evaluation/protocols.py: fixed and reference; evaluation/uncrtaints.py: the
+published one, set in the model config's `evaluation.uncrtaints`): PSNR, SSIM, SAM, MAE, RMSE
+per sample and averaged, also per cloud class of the target-date input, for the stage and for
+the least-cloudy-date, median-mosaic and nearest-clear-date baselines on the same samples, and
+the paired differences stage - baseline with their standard errors (evaluation/scoring.py).
+Each protocol's `protocol` entry names its setup (T, region; for uncrtaints the coverage window,
+the pairing file or "computed", and how often the target is among the inputs).
 Stage 0 (the autoencoder) is scored on reconstructing the ground truth. The checkpoints are
 explicit paths (`--stage<n>`), those registry.Stage.predictor_needs names.
+
+A store on which protocol uncrtaints has no sample (fewer dates than T, no location of the
+region) is still evaluated: that protocol is reported as not run, with the reason. A bad
+pairing file stops the evaluation with one line.
 """
 
 from __future__ import annotations
@@ -14,19 +22,24 @@ from pathlib import Path
 
 import torch
 
-from vcloud.config import load_model_config
+from vcloud.config import ModelSetConfig, load_model_config
+from vcloud.errors import BadInputError
 from vcloud.evaluation.predict import build_predictor
 from vcloud.evaluation.protocols import EVAL_SEED, ReferenceSamples, fixed_samples
 from vcloud.evaluation.scoring import score, table
+from vcloud.evaluation.uncrtaints import UncrtaintsSamples
 from vcloud.io import atomic_write_json
 from vcloud.registry import get_stage, require_checkpoints
+from vcloud.train.stages import EVAL_KINDS
 from vcloud.wind.stage_orders import load_wind_orders
 
 log = logging.getLogger(__name__)
 
 
 def evaluate(*, stage: int, store: Path, out: Path, checkpoints: dict[int, Path], config_path: Path,
-             wind_cache: Path | None = None, samples: int | None = None) -> dict:  # fmt: skip
+             wind_cache: Path | None = None, samples: int | None = None,
+             uncrtaints_pairs: Path | None = None) -> dict:  # fmt: skip
+    """Score stage `stage` on every protocol; `uncrtaints_pairs` overrides evaluation.uncrtaints.pairs."""
     command = f"vcloud evaluate --stage {stage}"
     needed = require_checkpoints(get_stage(stage).predictor_needs, checkpoints, command=command)
     cfg = load_model_config(config_path)
@@ -34,18 +47,53 @@ def evaluate(*, stage: int, store: Path, out: Path, checkpoints: dict[int, Path]
     wind = None
     if get_stage(stage).reads_wind:
         wind = load_wind_orders(cfg, store=store, wind_cache=wind_cache, world_size=1, command=command)
+    uncrtaints = uncrtaints_samples(store, cfg, pairs=uncrtaints_pairs)  # a bad pairing file fails first
     predict = build_predictor(stage, cfg, needed, wind)
-    report = {
-        "stage": stage,
-        "store": str(store),
-        "config": str(config_path),
-        "protocols": {
-            "fixed": score(fixed_samples(store, cfg, samples=samples), predict),
-            "reference": score(ReferenceSamples(store, dates=cfg.data.input_dates), predict),
+    threshold = {"nearest_clear_max_cover": cfg.evaluation.nearest_clear_max_cover}
+    dates = cfg.data.input_dates
+    fixed = {"protocol": "fixed", "dates": dates, "region": "all", "cloud_kinds": list(EVAL_KINDS),
+             "clear_max_cover": cfg.data.clear_target_max_cover, "seed": EVAL_SEED}  # fmt: skip
+    protocols = {
+        "fixed": {"protocol": fixed, **score(fixed_samples(store, cfg, samples=samples), predict, **threshold)},
+        "reference": {
+            "protocol": {"protocol": "reference", "dates": dates, "region": "all"},
+            **score(ReferenceSamples(store, dates=dates), predict, **threshold),
         },
     }
+    if isinstance(uncrtaints, UncrtaintsSamples):
+        protocols["uncrtaints"] = {"protocol": uncrtaints.describe(), **score(uncrtaints, predict, **threshold)}
+    else:  # this store has no sample of the protocol: said, not fatal
+        protocols["uncrtaints"] = {"protocol": uncrtaints_setup(cfg, pairs=uncrtaints_pairs), "samples": 0,
+                                   "unavailable": uncrtaints}  # fmt: skip
+    report = {"stage": stage, "store": str(store), "config": str(config_path), "protocols": protocols}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out, report, indent=1)
     log.info("stage %d evaluation on %s:\n%s", stage, store, table(report))
     return report
+
+
+def uncrtaints_setup(cfg: ModelSetConfig, *, pairs: Path | None = None) -> dict:
+    """The protocol's settings as the report names them (pairs: the file, or "computed")."""
+    setup = cfg.evaluation.uncrtaints
+    path = pairs if pairs is not None else setup.pairs
+    return {
+        "protocol": "uncrtaints", "dates": setup.dates, "region": setup.region,
+        "min_cov": setup.min_cov, "max_cov": setup.max_cov, "pairs": "computed" if path is None else str(path),
+    }  # fmt: skip
+
+
+def uncrtaints_samples(store: Path, cfg: ModelSetConfig, *, pairs: Path | None = None) -> UncrtaintsSamples | str:
+    """The protocol's samples on `store`, or why the store has none (a bad pairing file raises)."""
+    setup = cfg.evaluation.uncrtaints
+    path = pairs if pairs is not None else setup.pairs
+    try:
+        return UncrtaintsSamples(
+            store, dates=setup.dates, region=setup.region, min_cov=setup.min_cov, max_cov=setup.max_cov,
+            pairs=None if path is None else Path(path),
+        )  # fmt: skip
+    except BadInputError as err:
+        if path is not None:
+            raise
+        log.warning("protocol uncrtaints not run on %s: %s", store, err)
+        return str(err)

@@ -1,4 +1,4 @@
-"""The samples of the two evaluation protocols (both reported by `vcloud evaluate`).
+"""The samples of our two evaluation protocols (the published third: evaluation/uncrtaints.py).
 
 - fixed: seeded synthetic clouds (thin, thick, opaque in turn) put on the clear dates of the
   store; ground truth = the clear image; the other T-1 dates keep their natural clouds.

@@ -1,5 +1,10 @@
-"""Scores of a predictor and the two baselines on the same samples, per sample, on average and
-per cloud class of the target-date input (UnCRtainTS's metrics, evaluation/metrics.py)."""
+"""Scores of a predictor and the three baselines on the same samples, per sample, on average and
+per cloud class of the target-date input (UnCRtainTS's metrics, evaluation/metrics.py), and the
+paired differences model - baseline with their standard errors (evaluation/stats.py).
+
+The differences are computed from the per-sample values as the report stores them (rounded to
+5 decimals), so anyone can recompute them from the JSON with stats.compare.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +15,23 @@ from torch.utils.data import DataLoader, Dataset
 from vcloud.constants import CLOUD_CLASSES
 from vcloud.evaluation.baselines import least_cloudy, median_mosaic
 from vcloud.evaluation.metrics import METRICS, compute_all
+from vcloud.evaluation.nearest_clear import nearest_clear
+from vcloud.evaluation.stats import paired_report
 
-METHODS = ("model", "least_cloudy_date", "median_mosaic")
+BASELINES = ("least_cloudy_date", "median_mosaic", "nearest_clear_date")
+METHODS = ("model", *BASELINES)
+DIGITS = {"psnr": 2, "ssim": 3, "sam": 2, "mae": 4, "rmse": 4}  # how tables print each metric
 
 
 @torch.no_grad()
-def score(dataset: Dataset, predict) -> dict:
+def score(dataset: Dataset, predict, *, nearest_clear_max_cover: float = 0.05) -> dict:
     methods = {
         "model": predict,
         "least_cloudy_date": lambda b: least_cloudy(b["x"], b["target_index"]),
         "median_mosaic": lambda b: median_mosaic(b["x"], b["target_index"]),
+        "nearest_clear_date": lambda b: nearest_clear(
+            b["x"], b["target_index"], b["days"], clear_max_cover=nearest_clear_max_cover
+        ),
     }
     per_sample: dict[str, dict[str, list]] = {name: {m: [] for m in METRICS} for name in methods}
     classes, locations = [], []
@@ -45,6 +57,8 @@ def score(dataset: Dataset, predict) -> dict:
             "by_class": by_class,
             "per_sample": {m: [round(float(x), 5) for x in a] for m, a in arrays.items()},
         }
+    # model - baseline per metric, overall and per cloud class: paired SE, location-clustered SE
+    result["paired"] = paired_report(result, method="model", others=BASELINES) if classes else {}
     return result
 
 
@@ -52,15 +66,82 @@ def class_name(index: int) -> str:
     return CLOUD_CLASSES[index] if 0 <= index < len(CLOUD_CLASSES) else "unknown"
 
 
-def table(report: dict) -> str:
-    """The report's mean scores as a Markdown table (protocol x method)."""
-    lines = ["| protocol | method | PSNR | SSIM | SAM | MAE | RMSE |", "| --- | --- | --: | --: | --: | --: | --: |"]
+def _class_order(name: str) -> int:
+    return CLOUD_CLASSES.index(name) if name in CLOUD_CLASSES else len(CLOUD_CLASSES)
+
+
+def describe(result: dict) -> str:
+    """One line naming a protocol's setup: 'uncrtaints: T=3, region all, cov [0, 1], pairs computed'."""
+    setup = result.get("protocol", {})
+    text = f"{setup.get('protocol', '?')}: T={setup.get('dates', '?')}, region {setup.get('region', 'all')}"
+    if "min_cov" in setup:
+        text += f", coverage [{setup['min_cov']:g}, {setup['max_cov']:g}], pairs {setup.get('pairs')}"
+        text += f", target among the inputs in {setup.get('target_in_inputs')} of {setup.get('samples')}"
+    if "unavailable" in result:
+        text += f" - not run: {result['unavailable']}"
+    return text
+
+
+def _value(value: float | None, metric: str, *, sign: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value:+.{DIGITS[metric]}f}" if sign else f"{value:.{DIGITS[metric]}f}"
+
+
+def _difference(paired: dict | None, metric: str) -> str:
+    if paired is None:
+        return "-"
+    return f"{_value(paired['difference'], metric, sign=True)} ± {_value(paired['se'], metric)}"
+
+
+def mean_rows(report: dict) -> list[list[str]]:
+    """[protocol, method, samples, PSNR, SSIM, SAM, MAE, RMSE] per protocol and method."""
+    rows = []
     for protocol, result in report["protocols"].items():
         for method in METHODS:
-            mean = result[method]["mean"]
+            mean = result.get(method, {}).get("mean")
             if mean:
-                lines.append(
-                    f"| {protocol} | {method} | {mean['psnr']:.2f} | {mean['ssim']:.3f} | "
-                    f"{mean['sam']:.2f} | {mean['mae']:.4f} | {mean['rmse']:.4f} |"
-                )
-    return "\n".join(lines)
+                rows.append([protocol, method, str(result["samples"]), *(_value(mean[m], m) for m in METRICS)])
+    return rows
+
+
+def difference_rows(report: dict) -> list[list[str]]:
+    """[protocol, difference, class, samples, locations, PSNR ± SE, PSNR SE by location, SSIM ± SE, ...].
+
+    One row per protocol, baseline and cloud class (`all` first): model - baseline, its paired
+    standard error and, for PSNR, the location-clustered one.
+    """
+    rows = []
+    for protocol, result in report["protocols"].items():
+        for other, comparison in result.get("paired", {}).items():
+            classes = sorted(comparison["by_class"].items(), key=lambda kv: _class_order(kv[0]))
+            parts = [("all", comparison["overall"]), *classes]
+            for cloud_class, by_metric in parts:
+                psnr = by_metric["psnr"]
+                cells = [_difference(by_metric.get(m), m) for m in METRICS]
+                rows.append([
+                    protocol, f"{comparison['method']} - {other}", cloud_class, str(psnr["samples"]),
+                    str(psnr.get("locations", "-")), cells[0], _value(psnr.get("se_location"), "psnr"), *cells[1:],
+                ])  # fmt: skip
+    return rows
+
+
+MEAN_HEADER = ["protocol", "method", "samples", "PSNR", "SSIM", "SAM", "MAE", "RMSE"]
+DIFFERENCE_HEADER = ["protocol", "difference", "class", "samples", "locations", "PSNR ± SE", "PSNR SE by location",
+                     "SSIM ± SE", "SAM ± SE", "MAE ± SE", "RMSE ± SE"]  # fmt: skip
+
+
+def markdown(header: list[str], rows: list[list[str]], *, left: int) -> str:
+    align = ["---" if i < left else "--:" for i in range(len(header))]
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in [header, align, *rows])
+
+
+def table(report: dict) -> str:
+    """The report as Markdown: each protocol's setup, the means (protocol x method) and the
+    paired differences model - baseline (mean ± paired SE, per cloud class)."""
+    setups = [f"- {describe(result)}" for result in report["protocols"].values()]
+    return "\n\n".join([
+        "\n".join(setups),
+        markdown(MEAN_HEADER, mean_rows(report), left=2),
+        markdown(DIFFERENCE_HEADER, difference_rows(report), left=3),
+    ])  # fmt: skip

@@ -505,12 +505,14 @@ class UncrtaintsSamples(Dataset):
         return {
             "protocol": PROTOCOL, "dates": self.dates, "region": self.region,
             "min_cov": self.min_cov, "max_cov": self.max_cov,
-            "pairs": None if self.pairs is None else str(self.pairs),
+            "pairs": "computed" if self.pairs is None else str(self.pairs),
             "pairs_outside_store": self.pairs_unmatched,
             "samples": len(self.items),
             "target_in_inputs": sum(item.target in item.inputs for item in self.items),
             "coverage_match": sum(item.match for item in self.items),
             "skipped": [f"{name}: {why}" for name, why in self.skipped],
+            # per sample, in sample order: [location id, target date index, input date indices, slot]
+            "items": [[self.reader.locations[i.location], i.target, list(i.inputs), i.slot] for i in self.items],
         }  # fmt: skip
 
     def __len__(self) -> int:

@@ -2,8 +2,9 @@
 
 - `plot_curves`: one PNG per stage from results/stage<n>/metrics.jsonl (training loss, val PSNR
   and samples/s per epoch; a resumed run's repeated epochs count once, the last line wins).
-- `evaluation_tables`: one HTML page of every results/eval/stage<n>.json: mean metrics per
-  protocol and method, and PSNR per cloud class.
+- `evaluation_tables`: one HTML page of every results/eval/stage<n>.json: each protocol's setup,
+  mean metrics per protocol and method, paired differences stage - baseline with standard
+  errors, and PSNR per cloud class (optionally the same tables as Markdown).
 - `accounting`: wall time of every job from benchmarks/<rule>/*.tsv (column `s`), with
   CPU-hours = threads x hours and GPU-hours = gpus x nodes x hours from the rule's resources
   entry (the config key is the rule's name; a rule without one counts as 1 thread, no GPU, and is named on the page), per rule and per stage, as TSV and HTML.
@@ -97,9 +98,15 @@ def plot_curves(metrics: Path, out: Path, *, title: str) -> None:
 # --- evaluation tables --------------------------------------------------------------------
 
 
-def evaluation_tables(reports: list[Path], out: Path) -> None:
-    """One HTML page with every stage's evaluation: means per protocol, PSNR per cloud class."""
-    sections = []
+def evaluation_tables(reports: list[Path], out: Path, *, markdown: Path | None = None) -> None:
+    """One HTML page with every stage's evaluation: each protocol's setup, means per protocol and
+    method, paired differences stage - baseline (mean ± SE, per cloud class), PSNR per cloud class.
+
+    `markdown`: the same tables as Markdown (what the README's tables are pasted from).
+    """
+    from vcloud.evaluation import scoring  # torch: only where evaluation tables are made
+
+    sections, texts = [], []
     for path in reports:
         try:
             report = json.loads(Path(path).read_text())
@@ -107,27 +114,30 @@ def evaluation_tables(reports: list[Path], out: Path) -> None:
             stage = report["stage"]
         except (OSError, ValueError, KeyError) as err:
             raise BadInputError(f"{path}: not an evaluation report ({err})") from err
-        rows, class_rows = [], []
+        class_rows = []
         for protocol, result in protocols.items():
-            for method in ("model", "least_cloudy_date", "median_mosaic"):
-                mean = result[method]["mean"]
-                if mean:
-                    rows.append([protocol, method, str(result["samples"]), f"{mean['psnr']:.2f}",
-                                 f"{mean['ssim']:.3f}", f"{mean['sam']:.2f}", f"{mean['mae']:.4f}",
-                                 f"{mean['rmse']:.4f}"])  # fmt: skip
-                for cloud_class, values in result[method]["by_class"].items():
+            for method in scoring.METHODS:
+                for cloud_class, values in result.get(method, {}).get("by_class", {}).items():
                     class_rows.append([protocol, method, cloud_class, str(values["samples"]), f"{values['psnr']:.2f}"])
+        setups = "".join(f"<li>{html.escape(scoring.describe(result))}</li>" for result in protocols.values())
         sections.append(
             f"<h2>stage {stage}</h2><p>{html.escape(str(path))}, store {html.escape(str(report.get('store')))}</p>"
-            + _table(["protocol", "method", "samples", "PSNR dB", "SSIM", "SAM deg", "MAE", "RMSE"], rows, left=2)
+            f"<ul>{setups}</ul>"
+            + _table(scoring.MEAN_HEADER, scoring.mean_rows(report), left=2)
+            + _table(scoring.DIFFERENCE_HEADER, scoring.difference_rows(report), left=3)
             + _table(["protocol", "method", "cloud class", "samples", "PSNR dB"], class_rows, left=3)
         )
+        texts.append(f"## stage {stage} ({path})\n\n{scoring.table(report)}\n")
     body = (
-        "<p>Metrics on the S2 0..1 scale. fixed: seeded synthetic thin/thick/opaque clouds on clear "
-        "dates; reference: as UnCRtainTS (least-cloudy date = truth). 'model' is the stage itself; the "
-        "baselines are on the same samples.</p>" + "".join(sections)
+        "<p>Metrics on the S2 0..1 scale (PSNR dB, SAM degrees). fixed: seeded synthetic thin/thick/opaque "
+        "clouds on clear dates; reference: least-cloudy date = truth, the T input dates nearest to it; "
+        "uncrtaints: the published protocol (the reference loader's fixed sampler). 'model' is the stage "
+        "itself; the baselines are on the same samples. Differences are model - baseline with the paired "
+        "standard error over samples and, for PSNR, the one clustered by location.</p>" + "".join(sections)
     )
     atomic_write_text(out, _page("Evaluation", body))
+    if markdown is not None:
+        atomic_write_text(markdown, "\n".join(texts))
 
 
 # --- accounting ---------------------------------------------------------------------------
