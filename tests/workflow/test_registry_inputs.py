@@ -50,6 +50,6 @@ def test_each_rule_passes_the_registry_checkpoints_by_path(commands):
     # Detected once, on the test split, for all of them.
     fixed = commands["fixed_protocol"]
     assert "--store results/prepared/test.zarr" in fixed and "--out results/eval/fixed_protocol.npz" in fixed, fixed
-    assert "--threads 2" in fixed, fixed  # resources.fixed_protocol.threads of the default config
+    assert "--threads 1" in fixed, fixed  # the rule's threads: resources.fixed_protocol's 2, capped by --cores 1
     curves = commands["report_curves"]
     assert all(f"results/{stage.name}/metrics.jsonl" in curves for stage in STAGES), curves
