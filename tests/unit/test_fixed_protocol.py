@@ -124,10 +124,10 @@ def test_viewer_images_are_the_same_with_the_file(setup, tiny_store, tmp_path, m
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"meta": {"seed": 7}}, "made for another seed: 7 in the file, 2024"),
-        ({"meta": {"samples": 30}}, "made for another samples: 30 in the file, 24"),
+        ({"meta": {"seed": 7}}, "made for another seed: 7 in the file (made from "),
+        ({"meta": {"samples": 30}}, "made for another sample count: 30 in the file"),
         ({"meta": {"kinds": ["thin"]}}, "made for another cloud kinds"),
-        ({"meta": {"shape": [64, 64]}}, "made for another sample shape: [64, 64] in the file, [32, 32]"),
+        ({"meta": {"shape": [64, 64]}}, "made for another sample shape: [64, 64] in the file"),
         ({"meta": {"clear_max_cover": 0.05}}, "made for another clear-target threshold"),
         ({"meta": {"s2cloudless": {"version": "0.0"}}}, "made for another s2cloudless settings"),
         ({"levels": np.zeros(3, np.uint8)}, "checksum mismatch, the file is damaged"),
@@ -153,7 +153,7 @@ def test_a_file_of_another_store_or_truncated_is_refused(setup, tiny_raw_master,
     cfg = load_model_config(config)
     other = tmp_path / "other.zarr"
     prepare_roi(raw=tiny_raw_master, roi=TINY_ROIS[1], out=other, times=TINY["times"], size=TINY["size"])
-    with pytest.raises(BadInputError, match=r"made for another store \(location ids"):
+    with pytest.raises(BadInputError, match=r"made for another store \(location ids.* in the file \(made from "):
         fixed_samples(other, cfg, detected=out)
     data = out.read_bytes()
     for cut in (len(data) // 2, len(data) - 30):

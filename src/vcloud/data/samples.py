@@ -29,6 +29,8 @@ and decompressing them; on the device it costs nothing.
 process, ~1 s of one core per 256x256 target) or "device" (raw batches only: the worker leaves
 the stored probability and marks the sample `detect_target`; finish_batch runs the same trees
 as torch tensors, data/cloud_trees.py, where the batch is). Training on a GPU uses "device".
+Evaluation reads the fixed samples' detection from a file made once per run instead
+(`detected`, set by evaluation/protocols.fixed_samples; evaluation/fixed_protocol.py).
 """
 
 from __future__ import annotations

@@ -53,13 +53,13 @@ ARRAY_KEYS = ("levels", "offsets")
 BATCH_PIXELS = 1 << 20  # pixels of the samples read per LightGBM call (~50 MB of float32 bands)
 # What the samples depend on, as the file's meta names it -> how a difference is reported.
 CHECKED = {
+    "locations": "number of locations",
     "store_fingerprint": "store (location ids, dates, usable dates, cloud cover)",
-    "locations": "locations",
     "seed": "seed",
     "dates": "input dates",
     "kinds": "cloud kinds",
     "clear_max_cover": "clear-target threshold (data.clear_target_max_cover)",
-    "samples": "samples",
+    "samples": "sample count",
     "shape": "sample shape",
     "s2cloudless": "s2cloudless settings",
 }
@@ -232,8 +232,8 @@ def load_fixed_protocol(path: Path, dataset: CloudySamples, *, clear_max_cover: 
     for key, label in CHECKED.items():
         if meta.get(key) != expected[key]:
             raise BadInputError(
-                f"{path}: made for another {label}: {_shown(meta.get(key))} in the file, "
-                f"{_shown(expected[key])} for {dataset.reader.path}; rerun `vcloud fixed-protocol`"
+                f"{path}: made for another {label}: {_shown(meta.get(key))} in the file (made from "
+                f"{meta.get('store')}), {_shown(expected[key])} for {dataset.reader.path}; rerun `vcloud fixed-protocol`"
             )
     if meta.get("checksum_sha256") != _checksum(arrays):
         raise BadInputError(f"{path}: checksum mismatch, the file is damaged; rerun `vcloud fixed-protocol`")
