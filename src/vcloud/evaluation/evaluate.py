@@ -10,6 +10,10 @@ the pairing file or "computed", and how often the target is among the inputs).
 Stage 0 (the autoencoder) is scored on reconstructing the ground truth. The checkpoints are
 explicit paths (`--stage<n>`), those registry.Stage.predictor_needs names.
 
+The fixed protocol's s2cloudless detection on the clouded targets is read from the file of
+`vcloud fixed-protocol` when one is given (`--fixed-protocol`, evaluation/fixed_protocol.py; the
+workflow makes it once for every stage), else done here; the numbers are the same.
+
 A store on which protocol uncrtaints has no sample (fewer dates than T, no location of the
 region) is still evaluated: that protocol is reported as not run, with the reason. A bad
 pairing file stops the evaluation with one line.
