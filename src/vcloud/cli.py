@@ -15,6 +15,11 @@ from vcloud import __version__
 from vcloud.errors import EXIT_REQUEUE, StopRequested, VcloudError
 from vcloud.registry import STAGE_NUMBERS, STAGES
 
+FIXED_PROTOCOL_HELP = (
+    "protocol fixed: the detection `vcloud fixed-protocol` made for this store and config, read instead of "
+    "running s2cloudless on every clouded target (default: detect here)"
+)
+
 
 def _cmd_synth(args: argparse.Namespace) -> None:
     from vcloud.data.layout import parse_roi
@@ -172,7 +177,16 @@ def _cmd_evaluate(args: argparse.Namespace) -> None:
         wind_cache=args.wind_cache,
         samples=args.samples,
         uncrtaints_pairs=args.uncrtaints_pairs,
+        fixed_protocol=args.fixed_protocol,
     )
+
+
+def _cmd_fixed_protocol(args: argparse.Namespace) -> None:
+    from vcloud.config import load_model_config
+    from vcloud.evaluation.fixed_protocol import write_fixed_protocol
+
+    meta = write_fixed_protocol(args.store, load_model_config(args.config), args.out, threads=args.threads)
+    print(f"{args.out}: {meta['samples']} samples, {meta['pixels']} touched pixels detected")
 
 
 def _cmd_uncrtaints_convert(args: argparse.Namespace) -> None:
@@ -240,6 +254,7 @@ def _cmd_export_viewer(args: argparse.Namespace) -> None:
         samples=args.samples,
         seed=args.seed,
         wind_cache=args.wind_cache,
+        fixed_protocol=args.fixed_protocol,
     )
 
 
@@ -394,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="protocol uncrtaints: the released pairing file (generic_{T}_test_all_s2cloudless_mask.npy) or its "
         "JSON conversion; overrides evaluation.uncrtaints.pairs of --config",
     )
+    p.add_argument("--fixed-protocol", type=Path, metavar="PATH", help=FIXED_PROTOCOL_HELP)
     p.add_argument(
         "--env",
         action="append",
@@ -445,7 +461,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=12, help="samples to show (of the evaluation's fixed protocol)")
     p.add_argument("--seed", type=int, default=0, help="which samples are shown")
     p.add_argument("--wind-cache", type=Path, help="wind-scanner cache (when stage1.model.wind_scan)")
+    p.add_argument("--fixed-protocol", type=Path, metavar="PATH", help=FIXED_PROTOCOL_HELP)
     p.set_defaults(func=_cmd_export_viewer)
+
+    p = sub.add_parser("fixed-protocol", help="s2cloudless on every fixed-protocol sample, once for the run")
+    p.add_argument("--store", type=Path, required=True, help="prepared store (e.g. the test split)")
+    p.add_argument("--config", type=Path, required=True, help="config/models/*.yaml of the evaluations")
+    p.add_argument("--out", type=Path, required=True, help="FILE.npz to write (read by evaluate --fixed-protocol)")
+    p.add_argument("--threads", type=int, default=1, help="LightGBM threads and samples read at once")
+    p.set_defaults(func=_cmd_fixed_protocol)
 
     p = sub.add_parser("plot-curves", help="training curves (loss, val PSNR, samples/s) of stages as PNG")
     p.add_argument("--out-dir", type=Path, required=True, help="writes <stage folder name>.png here")

@@ -54,6 +54,14 @@ def viewer_inputs(
     return inputs
 
 
+def fixed_protocol_settings(model_set) -> dict:
+    """The model settings the fixed protocol's samples (and so fixed_protocol's file) depend on."""
+    return {
+        "input_dates": model_set.data.input_dates,
+        "clear_target_max_cover": model_set.data.clear_target_max_cover,
+    }
+
+
 def checkpoint_flags(inputs: dict[str, str]) -> str:
     """`--stage<n> PATH` per checkpoint input and `--wind-cache PATH`, in input order."""
     names = [n for n in inputs if re.fullmatch(r"stage\d+", n) or n == "wind_cache"]

@@ -47,6 +47,7 @@ SLURM_CONFIG = {
         "train_stage1": {"runtime": 31, **GPU},
         "train_stage2": {"runtime": 32, **GPU},
         "train_stage3": {"runtime": 33, **GPU},
+        "fixed_protocol": {"runtime": 14, "mem_mb": 1000, "threads": 1, "partition": "small"},
         **{f"evaluate_stage{n}": {"runtime": 25, **dict(GPU, partition="dev-g")} for n in range(4)},
         "export_viewer": {"runtime": 16, "mem_mb": 1500, "threads": 1, "partition": "small"},
         "report_curves": {"runtime": 11, "mem_mb": 1000, "threads": 1, "partition": "small"},
@@ -150,6 +151,7 @@ def test_every_rule_ran_as_a_slurm_job_with_its_configured_request(slurm_run):
         + ["synth_raw"]
         + [f"train_stage{n}" for n in range(4)]
         + ["export_viewer", "wind_cache"]  # the models scan by wind (issue 13)
+        + ["fixed_protocol"]  # the fixed protocol's detection, once for every evaluation
         + ["index_archive"] * 8
     )  # the synthetic raw data come as 8 archives (issue 14)
     assert ran == sorted(expected), ran

@@ -82,3 +82,14 @@ def test_the_viewer_shows_the_registry_stages_with_their_labels():
     assert METHODS["stage2"] == "stage 2 refined" and LAYERS[-1].label == "error of stage 3"
     assert THUMBNAIL_LAYERS == ("input", "stage1", "stage2", "stage3", "truth", "error")
     assert needed_checkpoints() == (0, 1, 2, 3)
+
+
+def test_fixed_protocol_settings_are_what_the_fixed_samples_depend_on(small):
+    from dataclasses import replace
+
+    base = logic.fixed_protocol_settings(small)
+    assert base == {"input_dates": 4, "clear_target_max_cover": small.data.clear_target_max_cover}
+    for change in ({"input_dates": 5}, {"clear_target_max_cover": 0.2}):
+        assert logic.fixed_protocol_settings(replace(small, data=replace(small.data, **change))) != base
+    # Training-only data settings never remake the file (the fixed samples are whole patches).
+    assert logic.fixed_protocol_settings(replace(small, data=replace(small.data, crop=16, num_workers=3))) == base

@@ -46,7 +46,8 @@ def test_dry_run_plans_one_prepare_job_per_roi(data_run):
     # The synthetic ROIs lie in 4 archives of each kind (asiaEast_test, africa_test, europa, africa).
     plan = [("synth_raw", 1), ("index_archive", 8), ("prepare_roi", 4), ("assemble_split", 3)]
     plan += [(f"train_stage{n}", 1) for n in range(4)] + [(f"evaluate_stage{n}", 1) for n in range(4)]
-    plan += [("export_viewer", 1), ("report_curves", 1), ("report_tables", 1), ("accounting", 1)]
+    plan += [("fixed_protocol", 1), ("export_viewer", 1), ("report_curves", 1), ("report_tables", 1)]
+    plan += [("accounting", 1)]
     for rule, count in plan:
         assert any(line.split() == [rule, str(count)] for line in text.splitlines()), text[-2000:]
 

@@ -43,7 +43,13 @@ def test_each_rule_passes_the_registry_checkpoints_by_path(commands):
         evaluate = commands[stage.evaluate_rule]
         assert flags(evaluate) == {n: f"results/stage{n}/best.pt" for n in stage.predictor_needs}, evaluate
         assert "--results" not in evaluate
+        assert "--fixed-protocol results/eval/fixed_protocol.npz" in evaluate, evaluate
     viewer = commands["export_viewer"]
     assert flags(viewer) == {n: f"results/stage{n}/best.pt" for n in range(len(STAGES))}, viewer
+    assert "--fixed-protocol results/eval/fixed_protocol.npz" in viewer, viewer
+    # Detected once, on the test split, for all of them.
+    fixed = commands["fixed_protocol"]
+    assert "--store results/prepared/test.zarr" in fixed and "--out results/eval/fixed_protocol.npz" in fixed, fixed
+    assert "--threads 1" in fixed, fixed  # the rule's threads: resources.fixed_protocol's 2, capped by --cores 1
     curves = commands["report_curves"]
     assert all(f"results/{stage.name}/metrics.jsonl" in curves for stage in STAGES), curves

@@ -2,6 +2,33 @@
 # offline viewer and the run report's figures and tables. One evaluation rule per stage of the
 # registry: evaluate_stage0, evaluate_stage1, evaluate_stage2, evaluate_stage3.
 
+
+# The fixed protocol's cloud detection (s2cloudless on every synthetic-clouded target), done once
+# on all the rule's threads: every evaluate_stage<n> and export_viewer read it instead of detecting.
+rule fixed_protocol:
+    input:
+        store=get_split_store("test"),
+    output:
+        detected=get_fixed_protocol(),
+    log:
+        "logs/fixed_protocol/fixed_protocol.log",
+    benchmark:
+        "benchmarks/fixed_protocol/fixed_protocol.tsv"
+    conda:
+        "../../envs/vcloud.yaml"
+    container:
+        get_container("fixed_protocol")
+    threads: get_threads("fixed_protocol")
+    resources:
+        **get_slurm_resources("fixed_protocol"),
+    params:
+        config=get_model_config(),
+        settings=get_fixed_protocol_hash(),
+    shell:
+        "vcloud fixed-protocol --store {input.store} --config {params.config} --out {output.detected}"
+        " --threads {threads} > {log} 2>&1"
+
+
 for stage in STAGE_NUMBERS:
 
     rule:
@@ -35,7 +62,8 @@ for stage in STAGE_NUMBERS:
             checkpoints=lambda wildcards, input: get_checkpoint_flags(input),
         shell:
             "{params.launch} vcloud evaluate --stage {params.stage} --store {input.store} --out {output.report}"
-            " {params.checkpoints} --config {params.config} {params.env} > {log} 2>&1"
+            " {params.checkpoints} --config {params.config} --fixed-protocol {input.fixed_protocol}"
+            " {params.env} > {log} 2>&1"
 
 
 # The offline viewer: quicklooks of test samples through every stage, one static page.
@@ -70,7 +98,7 @@ rule export_viewer:
     shell:
         "vcloud export-viewer --store {input.store} {params.checkpoints}"
         " --config {params.config} --out {params.out} --samples {params.samples}"
-        " --seed {params.seed} > {log} 2>&1"
+        " --seed {params.seed} --fixed-protocol {input.fixed_protocol} > {log} 2>&1"
 
 
 # Run report (`snakemake --report report.html`): training curves, evaluation tables, accounting.

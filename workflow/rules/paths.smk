@@ -72,6 +72,7 @@ def get_evaluate_input(stage):
         checkpoint_path=get_checkpoint,
         wind_cache=get_wind_cache_input(),
     )
+    inputs["fixed_protocol"] = get_fixed_protocol()
     pairs = MODEL_SET.evaluation.uncrtaints.pairs
     return {**inputs, "uncrtaints_pairs": pairs} if pairs else inputs
 
@@ -85,14 +86,27 @@ def get_eval_report(stage):
     return f"{RESULTS}/eval/stage{stage}.json"
 
 
+def get_fixed_protocol():
+    """The fixed protocol's detection: written once by fixed_protocol, read by every
+    evaluate_stage<n> and export_viewer (--fixed-protocol)."""
+    return f"{RESULTS}/eval/fixed_protocol.npz"
+
+
+def get_fixed_protocol_hash():
+    """Changes when a model setting the fixed samples depend on changes: the file is remade."""
+    return config_hash(logic.fixed_protocol_settings(MODEL_SET))
+
+
 def get_viewer_input():
-    """The test split, the checkpoints of the shown stages' predictors and the wind cache."""
-    return logic.viewer_inputs(
+    """The test split, the checkpoints of the shown stages' predictors, the wind cache and the
+    fixed protocol's detection."""
+    inputs = logic.viewer_inputs(
         VIEWER_STAGES,
         store=get_split_store("test"),
         checkpoint_path=get_checkpoint,
         wind_cache=get_wind_cache_input(),
     )
+    return {**inputs, "fixed_protocol": get_fixed_protocol()}
 
 
 def get_viewer_page():
@@ -115,6 +129,7 @@ def get_accounting_input():
     return (
         splits
         + checkpoints
+        + [get_fixed_protocol()]
         + [get_eval_report(stage) for stage in STAGE_NUMBERS]
         + [get_viewer_page()]
         + [get_curves(stage) for stage in STAGE_NUMBERS]

@@ -29,6 +29,8 @@ and decompressing them; on the device it costs nothing.
 process, ~1 s of one core per 256x256 target) or "device" (raw batches only: the worker leaves
 the stored probability and marks the sample `detect_target`; finish_batch runs the same trees
 as torch tensors, data/cloud_trees.py, where the batch is). Training on a GPU uses "device".
+Evaluation reads the fixed samples' detection from a file made once per run instead
+(`detected`, set by evaluation/protocols.fixed_samples; evaluation/fixed_protocol.py).
 """
 
 from __future__ import annotations
@@ -134,6 +136,9 @@ class CloudySamples(_StoreSamples):
         self.mixed_from, self.all_from = mixed_from, all_from
         self.kinds = kinds  # fixed kinds (evaluation); None = the curriculum's
         self._detected: dict[int, np.ndarray] = {}  # fixed kinds: index -> detected target probability
+        # Fixed kinds detected in the worker: the detection done once for the run, set by
+        # evaluation/protocols.fixed_samples; levels(index, count) -> (count,) uint8 touched levels.
+        self.detected = None
         if kinds is not None:  # every (target, kind) pair once, in a seeded order
             pairs = len(self.targets) * len(kinds)
             self.pair_order = np.random.default_rng((seed, 11)).permutation(pairs)
@@ -164,10 +169,23 @@ class CloudySamples(_StoreSamples):
             kind = self.kinds[pair % len(self.kinds)]
         return location, target_t, dates, target_index, kind
 
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+    def _draw(self, index: int):
+        """Sample `index`'s draws in the order they consume its generator (the cloud comes after)."""
         rng, epoch = self._rng(index)
         location, target_t, dates, target_index, kind = self._pick(rng, epoch, index)
         ys, xs = self._window(rng)
+        return rng, (location, target_t, dates, target_index, kind), (ys, xs)
+
+    def clouded_target(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Sample `index`'s clouded target (13, h, w) as __getitem__ makes it, and the pixels its
+        cloud or shadow touches (h, w) bool: what s2cloudless is run on."""
+        rng, (location, target_t, _, _, kind), (ys, xs) = self._draw(index)
+        s2 = self.reader.read_raw(location, [target_t]).s2[0][:, ys, xs]  # (13, h, w) uint16
+        opacity, shadow = cloudsim.simulate(rng, s2.shape[1:], kind)
+        return cloudsim.apply(normalise_s2(s2), opacity, shadow), (opacity > 0) | (shadow > 0)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        rng, (location, target_t, dates, target_index, kind), (ys, xs) = self._draw(index)
         images = self.reader.read_raw(location, dates)
         s2 = images.s2[:, :, ys, xs]  # (T, 13, h, w) uint16
         opacity, shadow = cloudsim.simulate(rng, s2.shape[2:], kind)
@@ -181,9 +199,12 @@ class CloudySamples(_StoreSamples):
         elif detected is None:  # what prepare would store for the clouded target
             touched = (opacity > 0) | (shadow > 0)
             detected = prob[target_index].copy()  # untouched pixels: stored from the same values
-            detected[touched] = detected_probability(clouded[:, touched][:, None])[0]  # (13, 1, M) -> (M,)
-            if self.kinds is not None:  # fixed samples come back every epoch: detect once
-                self._detected[index] = detected
+            if self.detected is not None:  # detected once for the run (vcloud fixed-protocol)
+                detected[touched] = self.detected.levels(index, int(touched.sum()))
+            else:
+                detected[touched] = detected_probability(clouded[:, touched][:, None])[0]  # (13, 1, M) -> (M,)
+                if self.kinds is not None:  # fixed samples come back every epoch: detect once
+                    self._detected[index] = detected
         prob[target_index] = detected
         days = _days(self.reader.date_s2[location, dates], target_index)
         if self.raw:  # the cloud is put on the target on the device too (finish_batch)
@@ -239,15 +260,16 @@ class UnlabelledSamples(_StoreSamples):
         return item
 
 
-def detected_probability(s2: np.ndarray) -> np.ndarray:
+def detected_probability(s2: np.ndarray, *, num_threads: int = 1) -> np.ndarray:
     """Normalised S2 (13, H, W) -> its s2cloudless probability as a store holds it (uint8).
 
     The image is rounded to the stored reflectance (uint16 x10000) and the probability to the
     store's scale, so a clouded target looks to the model exactly like a naturally cloudy date.
-    s2cloudless is per pixel, so a crop's probability is the crop of the image's.
+    s2cloudless is per pixel, so a crop's probability is the crop of the image's, and the pixels
+    of many images side by side (13, 1, M) give each pixel's own (whatever num_threads).
     """
     reflectance = np.round(np.clip(s2, 0.0, 1.0) * S2_SCALE).astype(np.uint16)
-    prob = cloud_probability(reflectance[None], num_threads=1)[0]  # (H, W) float 0..1
+    prob = cloud_probability(reflectance[None], num_threads=num_threads)[0]  # (H, W) float 0..1
     return np.round(np.clip(prob, 0.0, 1.0) * CLOUD_PROB_SCALE).astype(np.uint8)
 
 

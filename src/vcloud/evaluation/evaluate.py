@@ -10,6 +10,10 @@ the pairing file or "computed", and how often the target is among the inputs).
 Stage 0 (the autoencoder) is scored on reconstructing the ground truth. The checkpoints are
 explicit paths (`--stage<n>`), those registry.Stage.predictor_needs names.
 
+The fixed protocol's s2cloudless detection on the clouded targets is read from the file of
+`vcloud fixed-protocol` when one is given (`--fixed-protocol`, evaluation/fixed_protocol.py; the
+workflow makes it once for every stage), else done here; the numbers are the same.
+
 A store on which protocol uncrtaints has no sample (fewer dates than T, no location of the
 region) is still evaluated: that protocol is reported as not run, with the reason. A bad
 pairing file stops the evaluation with one line.
@@ -38,8 +42,9 @@ log = logging.getLogger(__name__)
 
 def evaluate(*, stage: int, store: Path, out: Path, checkpoints: dict[int, Path], config_path: Path,
              wind_cache: Path | None = None, samples: int | None = None,
-             uncrtaints_pairs: Path | None = None) -> dict:  # fmt: skip
-    """Score stage `stage` on every protocol; `uncrtaints_pairs` overrides evaluation.uncrtaints.pairs."""
+             uncrtaints_pairs: Path | None = None, fixed_protocol: Path | None = None) -> dict:  # fmt: skip
+    """Score stage `stage` on every protocol; `uncrtaints_pairs` overrides evaluation.uncrtaints.pairs;
+    `fixed_protocol`: the detection of `vcloud fixed-protocol` for this store and config."""
     command = f"vcloud evaluate --stage {stage}"
     needed = require_checkpoints(get_stage(stage).predictor_needs, checkpoints, command=command)
     cfg = load_model_config(config_path)
@@ -48,13 +53,14 @@ def evaluate(*, stage: int, store: Path, out: Path, checkpoints: dict[int, Path]
     if get_stage(stage).reads_wind:
         wind = load_wind_orders(cfg, store=store, wind_cache=wind_cache, world_size=1, command=command)
     uncrtaints = uncrtaints_samples(store, cfg, pairs=uncrtaints_pairs)  # a bad pairing file fails first
+    fixed_set = fixed_samples(store, cfg, samples=samples, detected=fixed_protocol)  # and a bad detection file
     predict = build_predictor(stage, cfg, needed, wind)
     threshold = {"nearest_clear_max_cover": cfg.evaluation.nearest_clear_max_cover}
     dates = cfg.data.input_dates
     fixed = {"protocol": "fixed", "dates": dates, "region": "all", "cloud_kinds": list(EVAL_KINDS),
              "clear_max_cover": cfg.data.clear_target_max_cover, "seed": EVAL_SEED}  # fmt: skip
     protocols = {
-        "fixed": {"protocol": fixed, **score(fixed_samples(store, cfg, samples=samples), predict, **threshold)},
+        "fixed": {"protocol": fixed, **score(fixed_set, predict, **threshold)},
         "reference": {
             "protocol": {"protocol": "reference", "dates": dates, "region": "all"},
             **score(ReferenceSamples(store, dates=dates), predict, **threshold),

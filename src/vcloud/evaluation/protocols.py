@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 from vcloud.config import ModelSetConfig
 from vcloud.data.samples import CloudySamples, stack_sample
 from vcloud.data.shards import ShardReader as StoreReader  # direct, checked shard reads
+from vcloud.evaluation.fixed_protocol import load_fixed_protocol
 from vcloud.train.stages import EVAL_KINDS
 
 EVAL_SEED = 2024
@@ -55,13 +56,20 @@ class ReferenceSamples(Dataset):
         return item
 
 
-def fixed_samples(store: Path, cfg: ModelSetConfig, *, samples: int | None = None) -> CloudySamples:
+def fixed_samples(
+    store: Path, cfg: ModelSetConfig, *, samples: int | None = None, detected: Path | None = None
+) -> CloudySamples:
     """The fixed protocol's samples: seeded thin/thick/opaque clouds on the clear dates.
 
     Sample i is the same whatever `samples` is (draws depend on the seed and i only), so the
-    viewer's sample i is the evaluation's sample i.
+    viewer's sample i is the evaluation's sample i. `detected`: the file of `vcloud
+    fixed-protocol` for this store and config (evaluation/fixed_protocol.py), read instead of
+    running s2cloudless on every clouded target; checked first, a mismatch raises one line.
     """
-    return CloudySamples(
+    dataset = CloudySamples(
         store, dates=cfg.data.input_dates, length=samples, seed=EVAL_SEED,
         clear_max_cover=cfg.data.clear_target_max_cover, kinds=EVAL_KINDS,
     )  # fmt: skip
+    if detected is not None:
+        dataset.detected = load_fixed_protocol(detected, dataset, clear_max_cover=cfg.data.clear_target_max_cover)
+    return dataset

@@ -125,20 +125,21 @@ def _contact_sheet(rows: list[dict[str, np.ndarray]]) -> np.ndarray:
 @torch.no_grad()
 def export_viewer(
     *, store: Path, checkpoints: dict[int, Path], config_path: Path, out: Path, samples: int, seed: int,
-    wind_cache: Path | None = None,
+    wind_cache: Path | None = None, fixed_protocol: Path | None = None,
 ) -> dict:  # fmt: skip
     """Write out/index.html, out/images/*.png and out/thumbnails.png; return the page's data.
 
-    `checkpoints` maps stage numbers to best.pt paths: those of needed_checkpoints()."""
+    `checkpoints` maps stage numbers to best.pt paths: those of needed_checkpoints();
+    `fixed_protocol`: the detection of `vcloud fixed-protocol` for this store and config."""
     if samples < 1:
         raise ConfigError(f"--samples: {samples}; the viewer shows at least one sample")
     command = "vcloud export-viewer"
     checkpoints = require_checkpoints(needed_checkpoints(), checkpoints, command=command)
     cfg = load_model_config(config_path)
     torch.manual_seed(EVAL_SEED)
+    dataset = fixed_samples(store, cfg, detected=fixed_protocol)  # a bad detection file fails first
     wind = load_wind_orders(cfg, store=store, wind_cache=wind_cache, world_size=1, command=command)
     predictors = {stage.name: build_predictor(stage.number, cfg, checkpoints, wind) for stage in SHOWN}
-    dataset = fixed_samples(store, cfg)
     reader = dataset.reader
     out = Path(out)
     staging = fresh_staging_dir(out)
