@@ -36,7 +36,7 @@ FAST = ["--slurm-init-seconds-before-status-checks", "5", "--seconds-between-sta
 GPU = {"partition": "small-g", "gpus": 1, "cpus_per_gpu": 1, "threads": 1, "mem_mb": 1500}
 SLURM_CONFIG = {
     "data": {"patch_size": 32},
-    "synthetic": {"patches": 2},
+    "synthetic": {"patches": 2, "rois": ["ROIs1868/119", "ROIs2017/22", "ROIs1970/119", "ROIs1970/21"]},
     "model_config": str(REPO / "tests/workflow/tiny_models.yaml"),
     "resources": {
         "synth_raw": {"runtime": 10, "mem_mb": 1000, "threads": 1, "partition": "small"},
