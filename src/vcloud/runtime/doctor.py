@@ -351,7 +351,7 @@ def run(profile: Path, config_file: Path | None) -> Report:
     from vcloud.runtime.profile import (
         load_workflow_config,
         render,
-        repo_paths,
+        repo_root,
         supports_array_jobs,
         version_problems,
     )
@@ -365,7 +365,7 @@ def run(profile: Path, config_file: Path | None) -> Report:
     config = load_workflow_config(*files)
     model_path = Path(config["model_config"])
     if not model_path.is_absolute() and not model_path.exists():
-        model_path = repo_paths(files[0])[0].parent.parent / model_path
+        model_path = repo_root(files[0]) / model_path
     model_set = load_model_config(model_path)
     wind = model_set.stage1.model.wind_scan
     inputs = {stage.train_rule: ({"wind_cache"} if stage.reads_wind and wind else set()) for stage in STAGES}
@@ -390,9 +390,7 @@ def run(profile: Path, config_file: Path | None) -> Report:
     if cluster is not None:
         from vcloud.runtime.image import check as check_image
 
-        report.errors += check_image(
-            image=cluster.image, env_image=cluster.env_image, repo=repo_paths(files[0])[0].parent.parent
-        )
+        report.errors += check_image(image=cluster.image, env_image=cluster.env_image, repo=repo_root(files[0]))
     return report
 
 

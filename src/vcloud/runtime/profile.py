@@ -26,9 +26,15 @@ HEADER = """\
 """
 
 
+def repo_root(config_file: Path) -> Path:
+    """The repository of a workflow config file: config files live in <repo>/config/."""
+    config_dir = Path(config_file).resolve().parent
+    return config_dir.parent
+
+
 def repo_paths(config_file: Path) -> tuple[Path, Path]:
     """The embedded default config and the schema of the repository holding config_file."""
-    root = Path(config_file).resolve().parent.parent
+    root = repo_root(config_file)
     return root / "config" / "config.yaml", root / "workflow" / "schemas" / "config.schema.yaml"
 
 
@@ -150,6 +156,6 @@ def _relative(path: Path) -> str:
     """config/lumi.yaml as the profile names it (relative to the repository root)."""
     path = Path(path).resolve()
     try:
-        return str(path.relative_to(path.parent.parent))
+        return str(path.relative_to(repo_root(path)))
     except ValueError:
         return str(path)
