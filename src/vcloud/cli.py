@@ -127,6 +127,17 @@ def _checkpoints(args: argparse.Namespace) -> dict[int, Path]:
     return {n: path for n in STAGE_NUMBERS if (path := getattr(args, f"stage{n}", None)) is not None}
 
 
+def _add_env_flag(p) -> None:
+    """--env NAME=VALUE (repeatable) of the commands that start torch: train, evaluate."""
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set before torch starts ({node}, {user} expand); repeatable",
+    )
+
+
 def _add_checkpoint_flags(p: argparse.ArgumentParser, stages, purpose: str) -> None:
     for n in stages:
         p.add_argument(f"--stage{n}", type=Path, help=f"stage {n} best.pt ({purpose})")
@@ -385,13 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume-dir", type=Path, help="folder of latest.pt (default: --out)")
     _add_checkpoint_flags(p, sorted({n for s in STAGES for n in s.upstream}), "stages that build on it")
     p.add_argument("--wind-cache", type=Path, help="wind-scanner cache (when stage1.model.wind_scan)")
-    p.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="set before torch starts ({node}, {user} expand); repeatable",
-    )
+    _add_env_flag(p)
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("evaluate", help="a stage's metrics on a prepared store, next to baselines")
@@ -410,13 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
         "JSON conversion; overrides evaluation.uncrtaints.pairs of --config",
     )
     p.add_argument("--fixed-protocol", type=Path, metavar="PATH", help=FIXED_PROTOCOL_HELP)
-    p.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="set before torch starts ({node}, {user} expand); repeatable",
-    )
+    _add_env_flag(p)
     p.set_defaults(func=_cmd_evaluate)
 
     p = sub.add_parser(

@@ -8,6 +8,9 @@ in the same folder (a rename across file systems is not atomic) and recognisable
 
 Provenance: stores and checkpoints record the package version and the git revision of the
 source tree they were made with (`provenance`).
+
+Reading back: `read_npz_with_meta` opens the npz files vcloud writes (arrays plus a JSON
+"meta" entry) and turns anything unreadable into one line naming the file.
 """
 
 from __future__ import annotations
@@ -16,12 +19,54 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+import zipfile
+import zlib
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
 TEMP_MARK = ".tmp-"
+
+
+def one_line(err: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+def read_npz_with_meta(
+    path: Path, *, what: str, array_keys: Iterable[str], check_meta: Callable[[dict], None] | None = None
+) -> tuple[dict, dict]:
+    """The arrays `array_keys` and the JSON object stored as "meta" of an npz (no pickles).
+
+    `check_meta(meta)` runs before any array is read (a wrong format or version is named
+    before a missing array). Anything unreadable or missing: BadInputError of one line,
+    "<path>: not a <what>, missing ..." or "<path>: not a readable <what> (<error>)".
+    """
+    import numpy as np
+
+    from vcloud.errors import BadInputError, VcloudError
+
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            if "meta" not in npz.files:
+                raise BadInputError(f"{path}: not a {what}, missing meta")
+            meta = json.loads(str(npz["meta"][()]))
+            if not isinstance(meta, dict):
+                raise BadInputError(f"{path}: not a {what}, meta is not a JSON object")
+            if check_meta is not None:
+                check_meta(meta)
+            keys = list(array_keys)
+            missing = [name for name in keys if name not in npz.files]
+            if missing:
+                raise BadInputError(f"{path}: not a {what}, missing {', '.join(missing)}")
+            arrays = {name: npz[name] for name in keys}
+    except VcloudError:
+        raise
+    except (OSError, ValueError, EOFError, KeyError, AttributeError, zipfile.BadZipFile, zlib.error) as err:
+        raise BadInputError(f"{path}: not a readable {what} ({one_line(err)})") from err
+    return arrays, meta
 
 
 def temp_path(path: Path) -> Path:

@@ -29,8 +29,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import zipfile
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -43,7 +41,7 @@ from vcloud.constants import S2CLOUDLESS_KWARGS
 from vcloud.data.samples import CloudySamples, detected_probability
 from vcloud.data.store import CLOUD_PROB_SCALE
 from vcloud.errors import BadInputError, VcloudError
-from vcloud.io import atomic_open, provenance
+from vcloud.io import atomic_open, provenance, read_npz_with_meta
 
 log = logging.getLogger(__name__)
 
@@ -189,35 +187,20 @@ class FixedDetections:
         return self._levels[start:stop]
 
 
-def _one_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
-
-
 def _read(path: Path) -> tuple[dict[str, np.ndarray], dict]:
     if not path.is_file():
         raise BadInputError(f"{path}: fixed-protocol detection not found; run `vcloud fixed-protocol --out {path}`")
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            if "meta" not in npz.files:
-                raise BadInputError(f"{path}: not a fixed-protocol detection, no meta")
-            meta = json.loads(str(npz["meta"][()]))
-            if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-                raise BadInputError(f"{path}: not a fixed-protocol detection (format {meta.get('format')!r})")
-            if meta.get("format_version") != FORMAT_VERSION:
-                raise BadInputError(
-                    f"{path}: format version {meta.get('format_version')!r}, this vcloud reads {FORMAT_VERSION}; "
-                    "rerun `vcloud fixed-protocol`"
-                )
-            missing = [name for name in ARRAY_KEYS if name not in npz.files]
-            if missing:
-                raise BadInputError(f"{path}: not a fixed-protocol detection, missing {', '.join(missing)}")
-            arrays = {name: npz[name] for name in ARRAY_KEYS}
-    except VcloudError:
-        raise
-    except (OSError, ValueError, EOFError, KeyError, AttributeError, zipfile.BadZipFile, zlib.error) as err:
-        raise BadInputError(f"{path}: not a readable fixed-protocol detection ({_one_line(err)})") from err
-    return arrays, meta
+
+    def check(meta: dict) -> None:
+        if meta.get("format") != FORMAT_NAME:
+            raise BadInputError(f"{path}: not a fixed-protocol detection (format {meta.get('format')!r})")
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise BadInputError(
+                f"{path}: format version {meta.get('format_version')!r}, this vcloud reads {FORMAT_VERSION}; "
+                "rerun `vcloud fixed-protocol`"
+            )
+
+    return read_npz_with_meta(path, what="fixed-protocol detection", array_keys=ARRAY_KEYS, check_meta=check)
 
 
 def _shown(value) -> str:

@@ -49,8 +49,6 @@ import hashlib
 import json
 import logging
 import math
-import zipfile
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +56,7 @@ import numpy as np
 
 from vcloud import __version__
 from vcloud.errors import BadInputError, ConfigError, VcloudError
-from vcloud.io import atomic_open
+from vcloud.io import atomic_open, one_line, read_npz_with_meta
 
 log = logging.getLogger(__name__)
 
@@ -228,29 +226,11 @@ def write_cache(out: Path, *, grid_h: int, grid_w: int, sectors: int) -> None:
     log.info("wrote wind cache %s (grid %dx%d, %d sectors)", out, grid_h, grid_w, sectors)
 
 
-def _one_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
-
-
 def _read(path: Path) -> tuple[dict[str, np.ndarray], dict]:
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            if "meta" not in npz.files:
-                raise BadInputError(f"{path}: not a wind cache, missing meta")
-            meta = json.loads(str(npz["meta"][()]))
-            if not isinstance(meta, dict):
-                raise BadInputError(f"{path}: not a wind cache, meta is not a JSON object")
-            _check_version(path, meta)  # before the arrays: an old file lacks or adds some
-            missing = [k for k in ARRAY_KEYS if k not in npz.files]
-            if missing:
-                raise BadInputError(f"{path}: not a wind cache, missing {', '.join(missing)}")
-            arrays = {name: npz[name] for name in ARRAY_KEYS}
-    except VcloudError:
-        raise
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as err:
-        raise BadInputError(f"{path}: not a readable wind cache ({_one_line(err)})") from err
-    return arrays, meta
+    # the version before the arrays: an old file lacks or adds some
+    return read_npz_with_meta(
+        path, what="wind cache", array_keys=ARRAY_KEYS, check_meta=lambda meta: _check_version(path, meta)
+    )
 
 
 def _check_version(path: Path, meta: dict) -> None:
@@ -270,7 +250,7 @@ def _validate(path: Path, arrays: dict[str, np.ndarray], meta: dict, *, grid_h: 
         file_sectors = int(meta["sectors"])
         checksum = str(meta["checksum_sha256"])
     except (KeyError, TypeError, ValueError) as err:
-        raise BadInputError(f"{path}: wind cache meta is incomplete ({_one_line(err)})") from err
+        raise BadInputError(f"{path}: wind cache meta is incomplete ({one_line(err)})") from err
     if file_grid != (grid_h, grid_w):
         raise ConfigError(
             f"{path}: grid {file_grid[0]}x{file_grid[1]} in the file, model config wants {grid_h}x{grid_w}"
