@@ -436,7 +436,7 @@ def stage3(
         loss=loss, validate=validate,
         validate_initial=True,  # the stage-1 start is a candidate: fine-tuning never ships worse
         summary={"pseudo_labels_scored": len(scored), "pseudo_labels_kept": len(kept),
-                 "pseudo_labels_rejected": len(scored) - len(kept)},
+                 "pseudo_labels_rejected": len(scored) - len(kept), "pseudo_label_check": check},
         artifacts={"pseudo_labels": {
             "scored": len(scored), "kept": len(kept), "rejected": len(scored) - len(kept),
             "rule": SELF_TRAINING_RULE,
