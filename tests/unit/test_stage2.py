@@ -127,7 +127,7 @@ def test_residual_scale_is_the_residual_std_per_band(tiny, tiny_store):
 DATA = DataConfig(input_dates=2, num_workers=0, samples_per_epoch=6, val_samples=2)
 
 
-def _toy_task(store, *, hook=None) -> StageTask:
+def _toy_task(store, *, hook=None, validated=True) -> StageTask:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(13, 8, 3, padding=1), nn.SiLU(), nn.Conv2d(8, 13, 3, padding=1))
 
@@ -141,13 +141,13 @@ def _toy_task(store, *, hook=None) -> StageTask:
     return StageTask(
         stage=0, model=model, loss=loss, validate=validate, validate_initial=True,
         train_set=ClearImages(store, length=6, seed=1, crop=16, clear_max_cover=1.01),
-        val_set=ClearImages(store, length=2, seed=2, clear_max_cover=1.01),
+        val_set=ClearImages(store, length=2, seed=2, clear_max_cover=1.01) if validated else None,
     )  # fmt: skip
 
 
-def _toy_fit(store, out, *, hook=None) -> None:
+def _toy_fit(store, out, *, hook=None, validated=True) -> None:
     cfg = TrainConfig(epochs=3, batch_size=2, lr=1e-2, seed=0)
-    Trainer(_toy_task(store, hook=hook), train_cfg=cfg, data_cfg=DATA, out_dir=out, config_hash="h",
+    Trainer(_toy_task(store, hook=hook, validated=validated), train_cfg=cfg, data_cfg=DATA, out_dir=out, config_hash="h",
             config={"test": True}, env=SINGLE, device="cpu", progress=False).fit()  # fmt: skip
 
 
@@ -158,6 +158,13 @@ def test_a_model_that_improves_replaces_its_starting_point(tiny_store, tmp_path)
     assert rows[0]["best"] and "loss" not in rows[0]
     best = ckpt.load_checkpoint(tmp_path / "best.pt")
     assert best["epoch"] >= 1 and best["best_value"] == max(r["val_psnr"] for r in rows) > rows[0]["val_psnr"]
+
+
+def test_without_a_validation_set_the_start_is_not_a_candidate(tiny_store, tmp_path):
+    _toy_fit(tiny_store, tmp_path, validated=False)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [0, 1, 2]  # no row -1: nothing to beat
+    assert not (tmp_path / "best.pt").exists()  # as without the guard: no score, no best; never the start
 
 
 def test_a_stop_inside_epoch_0_resumes_with_the_initial_validation(tiny_store, tmp_path):

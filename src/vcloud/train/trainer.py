@@ -295,7 +295,8 @@ class Trainer:
         if self._resume():
             log.info("stage %d already finished (%s); nothing to do", self.task.stage, self.latest)
             return {"finished": True, "best_value": self.best_value}
-        if self.task.validate_initial and self.epoch == 0 and self.step_in_epoch == 0:
+        # Without a validation set there is nothing to compare with: the last epoch is best as usual.
+        if self.task.validate_initial and self.val_loader is not None and self.epoch == 0 and self.step_in_epoch == 0:
             self._validate_initial()
         with ckpt.StopRequest() as stop:
             while self.epoch < self.cfg.epochs:
