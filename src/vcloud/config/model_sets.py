@@ -49,12 +49,16 @@ class TrainConfig:
     grad_clip: float | None = 1.0
     bf16: bool = False  # bf16 autocast (device "cuda"; on CPU only where requested explicitly)
     seed: int = 0
+    # This stage's random training samples per epoch; None = data.samples_per_epoch. Stage 2 of
+    # the small config needs many more optimizer steps than the others, not more validations.
+    samples_per_epoch: int | None = None
     # TensorBoard event files in results/stage<n>/tensorboard/ (rank 0). Not part of the stage
     # hash: switching it never restarts a stage.
     tensorboard: bool = True
 
     def __post_init__(self) -> None:
         _check_positive(self, ("epochs", "batch_size"))
+        _check_positive(self, ("samples_per_epoch",), optional=True)
         if not self.lr > 0:
             raise ValueError(f"lr: {self.lr} must be > 0")
 

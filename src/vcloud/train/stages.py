@@ -76,14 +76,15 @@ def detect_on(device: str, *, raw: bool = True) -> str:
 
 
 def _cloudy(
-    cfg: ModelSetConfig, store: Path, *, train: bool, stage_epochs: int, device: str = "cpu", raw: bool = True
-) -> CloudySamples:
+    cfg: ModelSetConfig, store: Path, *, train: bool, stage_epochs: int, device: str = "cpu", raw: bool = True,
+    samples_per_epoch: int | None = None,
+) -> CloudySamples:  # fmt: skip
     d = cfg.data
     detect = detect_on(device, raw=raw)
     if train:
         cur = cfg.stage1.curriculum
         return CloudySamples(
-            store, dates=d.input_dates, length=d.samples_per_epoch, seed=cfg.stage1.train.seed,
+            store, dates=d.input_dates, length=samples_per_epoch or d.samples_per_epoch, seed=cfg.stage1.train.seed,
             crop=d.crop, clear_max_cover=d.clear_target_max_cover, epochs=stage_epochs,
             mixed_from=cur.mixed_from, all_from=cur.all_from, raw=raw, detect=detect,
         )  # fmt: skip
@@ -141,7 +142,8 @@ def stage0(cfg: ModelSetConfig, *, train: Path, val: Path) -> StageTask:
     return _on_device(StageTask(
         stage=0,
         model=model,
-        train_set=ClearImages(train, length=d.samples_per_epoch, seed=cfg.stage0.train.seed, crop=d.crop,
+        train_set=ClearImages(train, length=cfg.stage0.train.samples_per_epoch or d.samples_per_epoch,
+                              seed=cfg.stage0.train.seed, crop=d.crop,
                               clear_max_cover=d.clear_target_max_cover, raw=True),
         val_set=ClearImages(val, length=d.val_samples, seed=VAL_SEED, clear_max_cover=d.clear_target_max_cover, raw=True),
         loss=loss,
@@ -152,7 +154,10 @@ def stage0(cfg: ModelSetConfig, *, train: Path, val: Path) -> StageTask:
 def stage1(
     cfg: ModelSetConfig, *, train: Path, val: Path, wind: WindCache | None = None, device: str = "cpu"
 ) -> StageTask:
-    train_set = _cloudy(cfg, train, train=True, stage_epochs=cfg.stage1.train.epochs, device=device)
+    t = cfg.stage1.train
+    train_set = _cloudy(
+        cfg, train, train=True, stage_epochs=t.epochs, device=device, samples_per_epoch=t.samples_per_epoch
+    )
     model = install_wind_orders(CFDT(cfg.stage1.model), wind)
 
     def loss(m, batch):
@@ -304,7 +309,8 @@ def stage2(
     assert not pipeline.refiner.head[-1].weight.any(), "the refiner must start as no correction"
     return _on_device(StageTask(
         stage=2, model=pipeline,
-        train_set=_cloudy(cfg, train, train=True, stage_epochs=cfg.stage2.train.epochs, device=device),
+        train_set=_cloudy(cfg, train, train=True, stage_epochs=cfg.stage2.train.epochs, device=device,
+                          samples_per_epoch=cfg.stage2.train.samples_per_epoch),
         val_set=_cloudy(cfg, val, train=False, stage_epochs=1, device=device), loss=loss, validate=validate,
         validate_initial=True,
         summary={"residual_scale": [round(float(v), 5) for v in scale]},
@@ -420,7 +426,9 @@ def stage3(
     student = install_wind_orders(CFDT(cfg.stage1.model), wind)
     student.load_state_dict(load_checkpoint(stage1_ckpt)["model"])
     # Normalised on the CPU: its batches mix with the pseudo-labelled ones, which are.
-    labelled = _cloudy(cfg, train, train=True, stage_epochs=cfg.stage3.train.epochs, device=device, raw=False)
+    t = cfg.stage3.train
+    labelled = _cloudy(cfg, train, train=True, stage_epochs=t.epochs, device=device, raw=False,
+                       samples_per_epoch=t.samples_per_epoch)  # fmt: skip
     pseudo = PseudoLabelled(unlabelled, kept, crop=cfg.data.crop, seed=cfg.stage3.train.seed)
     train_set: Dataset = EpochConcat([labelled, pseudo]) if kept else labelled
 
