@@ -88,10 +88,11 @@ def test_a_post_init_check_names_the_full_key_path(tmp_path):
     data = small()
     data["stage1"]["model"]["tmt_heads"] = 0
     assert one_line_error(write(tmp_path, data)).endswith(": key stage1.model.tmt_heads: 0 must be > 0")
-    for key in ("ensemble", "patch"):  # the refiner's ensemble size and pixel-unshuffle factor
+    # the refiner's ensemble size and pixel-unshuffle factor, a stage's own samples per epoch
+    for section, key in (("model", "ensemble"), ("model", "patch"), ("train", "samples_per_epoch")):
         data = small()
-        data["stage2"]["model"][key] = 0
-        assert one_line_error(write(tmp_path, data)).endswith(f": key stage2.model.{key}: 0 must be > 0")
+        data["stage2"][section][key] = 0
+        assert one_line_error(write(tmp_path, data)).endswith(f": key stage2.{section}.{key}: 0 must be > 0")
     data = small()
     data["stage1"]["curriculum"] = {"mixed_from": 0.9, "all_from": 0.3}
     assert ": key stage1.curriculum: need 0 <= mixed_from (0.9) <= all_from (0.3) <= 1" in one_line_error(

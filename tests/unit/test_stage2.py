@@ -106,6 +106,18 @@ def test_sampler_output_depends_on_the_seed_only(tiny, tiny_store):
     assert not torch.allclose(mean3, first, atol=1e-4)
 
 
+def test_a_stage_can_take_its_own_samples_per_epoch(tiny, tiny_store):
+    import dataclasses
+
+    cfg, stage1 = tiny
+    assert (
+        len(stage2(cfg, train=tiny_store, val=tiny_store, stage1_ckpt=stage1).train_set) == cfg.data.samples_per_epoch
+    )
+    own = dataclasses.replace(cfg.stage2.train, samples_per_epoch=5)
+    cfg = dataclasses.replace(cfg, stage2=dataclasses.replace(cfg.stage2, train=own))
+    assert len(stage2(cfg, train=tiny_store, val=tiny_store, stage1_ckpt=stage1).train_set) == 5
+
+
 def test_residual_scale_is_the_residual_std_per_band(tiny, tiny_store):
     cfg, stage1 = tiny
     pipeline = build_pipeline(cfg, stage1_ckpt=stage1)
