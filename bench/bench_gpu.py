@@ -158,15 +158,14 @@ def stage_figures(cfg, *, device, size, dates, batch_override, steps, warmup) ->
     figures["stage1"]["estimated_peak_gib_configured"] = round(
         estimate["scenarios"]["configured"]["peak_bytes"] / 2**30, 2
     )
-    # stage 2: the refiner around the frozen stage 0 and stage 1
-    from vcloud.models.refiner import CONDITION_EXTRA_CHANNELS, Refiner
+    # stage 2: the pixel-space refiner around the frozen stage 1
+    from vcloud.models.refiner import Refiner
 
-    latent = cfg.stage0.model.latent_channels
-    refiner = Refiner(cfg.stage2.model, latent_channels=latent, cond_channels=latent + CONDITION_EXTRA_CHANNELS)
-    for frozen in (ae, cfdt):
-        frozen.requires_grad_(False)
-    pipeline = RefinerPipeline(ae, cfdt, refiner, timesteps=cfg.stage2.model.timesteps,
-                               schedule=cfg.stage2.model.schedule, latent_channels=latent).to(device)  # fmt: skip
+    refiner = Refiner(cfg.stage2.model)
+    cfdt.requires_grad_(False)
+    m2 = cfg.stage2.model
+    pipeline = RefinerPipeline(cfdt, refiner, timesteps=m2.timesteps, schedule=m2.schedule, ensemble=m2.ensemble)
+    pipeline = pipeline.to(device)
     pipeline.train()
     b, make = batch_of(cfg.stage2)
     figures["stage2"] = {"batch": b, **timed_steps(

@@ -81,12 +81,12 @@ STAGES: tuple[Stage, ...] = (
     Stage(1, upstream=(), predictor_needs=(1,), reads_wind=True,
           builder=f"{_BUILDERS}:stage1", predictor=f"{_PREDICTORS}:draft", needs_device=True,
           viewer_label="stage 1 draft"),
-    # stage 2: diffusion refiner in the stage-0 latent space, on the frozen stage-1 draft
-    Stage(2, upstream=(0, 1), predictor_needs=(0, 1, 2), reads_wind=True,
+    # stage 2: pixel-space diffusion refiner of the frozen stage-1 draft (stage 0 not used)
+    Stage(2, upstream=(1,), predictor_needs=(1, 2), reads_wind=True,
           builder=f"{_BUILDERS}:stage2", predictor=f"{_PREDICTORS}:refined", needs_device=True,
           viewer_label="stage 2 refined"),
-    # stage 3: self-trained CFDT student (teacher: stages 0-2); predicts as a stage-1 draft
-    Stage(3, upstream=(0, 1, 2), predictor_needs=(3,), reads_wind=True,
+    # stage 3: self-trained CFDT student (teacher: stages 1-2); predicts as a stage-1 draft
+    Stage(3, upstream=(1, 2), predictor_needs=(3,), reads_wind=True,
           builder=f"{_BUILDERS}:stage3", predictor=f"{_PREDICTORS}:draft", needs_device=True,
           viewer_label="stage 3 output"),
 )  # fmt: skip

@@ -88,6 +88,11 @@ def test_a_post_init_check_names_the_full_key_path(tmp_path):
     data = small()
     data["stage1"]["model"]["tmt_heads"] = 0
     assert one_line_error(write(tmp_path, data)).endswith(": key stage1.model.tmt_heads: 0 must be > 0")
+    # the refiner's ensemble size and pixel-unshuffle factor, a stage's own samples per epoch
+    for section, key in (("model", "ensemble"), ("model", "patch"), ("train", "samples_per_epoch")):
+        data = small()
+        data["stage2"][section][key] = 0
+        assert one_line_error(write(tmp_path, data)).endswith(f": key stage2.{section}.{key}: 0 must be > 0")
     data = small()
     data["stage1"]["curriculum"] = {"mixed_from": 0.9, "all_from": 0.3}
     assert ": key stage1.curriculum: need 0 <= mixed_from (0.9) <= all_from (0.3) <= 1" in one_line_error(
@@ -135,7 +140,9 @@ def test_the_hash_of_an_unchanged_config_is_stable(tmp_path):
 
 
 @pytest.mark.parametrize(("edit", "reruns"), [
-    (lambda d: d["stage0"]["model"].update(latent_channels=d["stage0"]["model"]["latent_channels"] + 1), {0, 2, 3}),
+    # Stage 2 refines in pixel space: the autoencoder is upstream of nothing.
+    (lambda d: d["stage0"]["model"].update(latent_channels=d["stage0"]["model"]["latent_channels"] + 1), {0}),
+    (lambda d: d["stage2"]["model"].update(ensemble=2), {2, 3}),
     (lambda d: d["stage1"]["model"].update(gate_width=d["stage1"]["model"]["gate_width"] * 2), {1, 2, 3}),
     (lambda d: d["stage2"]["model"].update(sample_steps=d["stage2"]["model"]["sample_steps"] + 1), {2, 3}),
     (lambda d: d["stage3"].setdefault("self_training", {}).update(max_seed_spread=0.5), {3}),
@@ -159,7 +166,7 @@ def test_what_a_change_reruns(tmp_path, edit, reruns):
 def test_stage_config_dict_holds_data_its_section_and_upstream_models_only():
     cfg = load_model_config(SMALL)
     picked = stage_config_dict(cfg, 3)
-    assert set(picked) == {"data", "stage0", "stage1", "stage2", "stage3"}
+    assert set(picked) == {"data", "stage1", "stage2", "stage3"}  # stage 2 refines pixels, not stage-0 latents
     assert set(picked["stage1"]) == {"model"} and "tensorboard" not in picked["stage3"]["train"]
     assert set(stage_config_dict(cfg, 1)) == {"data", "stage1"}
     with pytest.raises(ConfigError, match="no stage 7"):

@@ -41,9 +41,8 @@ def make_cfdt(cfg, **changes) -> CFDT:
 
 
 def make_refiner(small) -> Refiner:
-    latent = small.stage0.model.latent_channels
     torch.manual_seed(0)
-    return Refiner(small.stage2.model, latent_channels=latent, cond_channels=latent + 3)
+    return Refiner(small.stage2.model)
 
 
 # --- shapes -----------------------------------------------------------------------------------
@@ -88,18 +87,19 @@ def test_cfdt_uses_each_samples_own_target_date(small):
 
 def test_refiner_shapes_and_condition(small):
     model = make_refiner(small)
-    latent = small.stage0.model.latent_channels
-    z = torch.randn(B, latent, 16, 16)
-    s1 = torch.full((B, 2, 32, 32), 0.25)
-    cloud = torch.rand(B, 32, 32)
-    cond = refiner_condition(z, s1, cloud)
-    assert cond.shape == (B, latent + 3, 16, 16)
-    torch.testing.assert_close(cond[:, :latent], z)
-    torch.testing.assert_close(cond[:, latent : latent + 2], torch.full((B, 2, 16, 16), 0.25))
-    pooled = cloud.view(B, 16, 2, 16, 2).mean(dim=(2, 4))  # 2x2 block means
-    torch.testing.assert_close(cond[:, -1], pooled)
-    eps = model(z, torch.tensor([0, 999]), cond)
-    assert eps.shape == z.shape
+    draft, observed = torch.rand(B, 13, SIZE, SIZE), torch.rand(B, 13, SIZE, SIZE)
+    s1 = torch.full((B, 2, SIZE, SIZE), 0.25)
+    cloud = torch.rand(B, SIZE, SIZE)
+    cond = refiner_condition(draft, observed, s1, cloud)
+    assert cond.shape == (B, 29, SIZE, SIZE)
+    torch.testing.assert_close(cond[:, :13], draft)
+    torch.testing.assert_close(cond[:, 13:26], observed)
+    torch.testing.assert_close(cond[:, 26:28], s1)
+    torch.testing.assert_close(cond[:, 28], cloud)
+    r0 = model(torch.randn(B, 13, SIZE, SIZE), torch.tensor([0, 999]), cond)
+    assert r0.shape == (B, 13, SIZE, SIZE)
+    with pytest.raises(AssertionError, match="multiple of 4"):  # patch 2 x one downsampling
+        model(torch.randn(B, 13, 30, 30), torch.tensor([0, 1]), cond[..., :30, :30])
 
 
 # --- parameter counts of the full configuration (meta device: nothing allocated) ---------------
@@ -135,9 +135,10 @@ def outputs_of_every_model(small, *, autocast: bool = False):
     cfdt = wind_cfdt(small)
     refiner = make_refiner(small)
     torch.nn.init.normal_(refiner.head[-1].weight, std=0.05)  # past the zero start: gradients everywhere
-    latent = small.stage0.model.latent_channels
-    z = torch.randn(B, latent, 16, 16)
-    cond = refiner_condition(z, torch.rand(B, 2, 32, 32), torch.rand(B, 1, 32, 32))
+    z = torch.randn(B, 13, 16, 16)
+    cond = refiner_condition(
+        torch.rand(B, 13, 16, 16), torch.rand(B, 13, 16, 16), torch.rand(B, 2, 16, 16), torch.rand(B, 1, 16, 16)
+    )
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         yield "autoencoder", autoencoder, autoencoder(x[:, 0, :13])
         yield "cfdt", cfdt, cfdt(x, days, target_index, torch.tensor([3, -1]))
@@ -278,18 +279,16 @@ def test_q_sample_and_schedules():
 
 def test_untrained_refiner_predicts_no_correction(small):
     model = make_refiner(small).eval()
-    latent = small.stage0.model.latent_channels
-    cond = torch.rand(B, latent + 3, 16, 16)
-    out = ddim_sample(model, cond, steps=4, generator=torch.Generator().manual_seed(0), shape=(B, latent, 16, 16))
+    cond = torch.rand(B, 29, 16, 16)
+    out = ddim_sample(model, cond, steps=4, generator=torch.Generator().manual_seed(0), shape=(B, 13, 16, 16))
     assert torch.equal(out, torch.zeros_like(out))  # the stage-1 draft passes through unchanged
 
 
 def test_ddim_sampling_is_deterministic_per_seed(small):
     model = make_refiner(small).eval()
     torch.nn.init.normal_(model.head[-1].weight, std=0.05)  # as after some training
-    latent = small.stage0.model.latent_channels
-    cond = torch.rand(B, latent + 3, 16, 16, generator=torch.Generator().manual_seed(0))
-    shape = (B, latent, 16, 16)
+    cond = torch.rand(B, 29, 16, 16, generator=torch.Generator().manual_seed(0))
+    shape = (B, 13, 16, 16)
 
     def sample(seed: int) -> torch.Tensor:
         return ddim_sample(

@@ -35,8 +35,8 @@ def test_every_stage_has_a_config_section_a_builder_and_a_predictor():
 def test_unknown_stage_and_missing_checkpoints_are_one_line():
     with pytest.raises(ConfigError, match=r"^no stage 4 \(stages: 0, 1, 2, 3\)$"):
         get_stage(4)
-    with pytest.raises(ConfigError, match=r"^vcloud train --stage 3 needs --stage0 and --stage2 CHECKPOINT$"):
-        get_stage(3).upstream_checkpoints({1: "b.pt"})
+    with pytest.raises(ConfigError, match=r"^vcloud train --stage 3 needs --stage1 and --stage2 CHECKPOINT$"):
+        get_stage(3).upstream_checkpoints({0: "a.pt"})
     assert require_checkpoints((0, 1), {0: "a", 1: "b", 3: "c"}, command="x") == {0: "a", 1: "b"}
 
 
@@ -56,7 +56,8 @@ def test_workflow_inputs_follow_the_registry(wind):
         assert sorted(k for k in evaluate if k.startswith("stage")) == [f"stage{n}" for n in stage.predictor_needs]
         assert ("wind_cache" in evaluate) == bool(wind and stage.reads_wind)
     viewer = logic.viewer_inputs(VIEWER_STAGES, store="S", checkpoint_path=fake_path, wind_cache=wind)
-    assert sorted(k for k in viewer if k.startswith("stage")) == ["stage0", "stage1", "stage2", "stage3"]
+    # the pixel-space refiner reads no stage-0 weights: the viewer does not wait for stage 0
+    assert sorted(k for k in viewer if k.startswith("stage")) == ["stage1", "stage2", "stage3"]
 
 
 def test_checkpoint_flags_pass_every_checkpoint_and_the_wind_cache_in_order():
@@ -81,7 +82,7 @@ def test_the_viewer_shows_the_registry_stages_with_their_labels():
     assert [layer.key for layer in LAYERS if layer.key.startswith("stage")] == ["stage1", "stage2", "stage3"]
     assert METHODS["stage2"] == "stage 2 refined" and LAYERS[-1].label == "error of stage 3"
     assert THUMBNAIL_LAYERS == ("input", "stage1", "stage2", "stage3", "truth", "error")
-    assert needed_checkpoints() == (0, 1, 2, 3)
+    assert needed_checkpoints() == (1, 2, 3)
 
 
 def test_fixed_protocol_settings_are_what_the_fixed_samples_depend_on(small):

@@ -53,6 +53,15 @@ def test_plot_curves_draws_each_recorded_metric_and_marks_the_missing_one(tmp_pa
     assert image.format == "PNG" and image.size == (1100, 320)
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["stage1.png"]  # no temp file left
     first = (tmp_path / "out/stage1.png").read_bytes()
+    # a validated starting point (epoch -1, no loss) is drawn at 0 and not counted as an epoch
+    start = tmp_path / "start.jsonl"
+    start.write_text(json.dumps({"epoch": -1, "val_psnr": 19.5}) + "\n" + path.read_text())
+    plot_curves(start, tmp_path / "start.png", title="stage2")
+    loss, psnr, _ = figures[-1].axes
+    assert psnr.lines[0].get_xydata().tolist() == [[0, 19.5], [1, 20], [2, 21], [3, 22]]
+    assert loss.lines[0].get_xydata().tolist()[0] == [1, 1.0]
+    assert figures[-1].get_suptitle() == f"stage2 (3 epochs + the start at 0, {start})"
+    close(figures[-1])
     plot_curves(path, tmp_path / "out/stage1.png", title="stage1")
     assert (tmp_path / "out/stage1.png").read_bytes() == first  # reproducible: no timestamp inside
 

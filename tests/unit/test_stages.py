@@ -54,20 +54,20 @@ class FakeSamples:
 
 
 class FakeTeacher(nn.Module):
-    """sample() -> the case's label +- its spread: seed 0 above, seed 1 below."""
+    """samples() -> per seed the case's label +- its spread: seed 0 above, seed 1 below."""
 
     def __init__(self):
         super().__init__()
         self.calls = []
 
-    def sample(self, batch, *, steps, seed):
+    def samples(self, batch, *, steps, seeds):
         index = int(batch["location"][0])
         spread, visible_error, cloudy_error, _ = list(CASES.values())[index]
-        self.calls.append((index, steps, seed))
+        self.calls.append((index, steps, tuple(seeds)))
         label = _observed(index).clone()
         label[:, :, : W // 2] += visible_error  # the visible half (when there is one)
         label[:, :, W // 2 :] += cloudy_error
-        return (label + (spread if seed == 0 else -spread))[None]  # (1, 13, H, W)
+        return torch.stack([label + (spread if seed == 0 else -spread) for seed in seeds])[:, None]  # (S, 1, 13, H, W)
 
 
 @pytest.fixture
@@ -90,9 +90,9 @@ def test_pseudo_label_keeps_exactly_the_confident_samples(cfg):
     assert by_name["visible_error_too_high"]["visible_error"] == 2 * ERROR
     assert by_name["error_only_under_the_cloud"]["visible_error"] == 0.0
     assert by_name["nothing_visible"]["visible_error"] == float("inf")
-    # Every sample asked the teacher once per seed, with the configured number of steps.
+    # Every sample asked the teacher once for all its seeds, with the configured number of steps.
     steps = cfg.stage2.model.sample_steps
-    assert teacher.calls == [(i, steps, s) for i in range(len(CASES)) for s in (0, 1)]
+    assert teacher.calls == [(i, steps, (0, 1)) for i in range(len(CASES))]
 
 
 def test_a_kept_label_is_the_mean_of_the_draws(cfg):

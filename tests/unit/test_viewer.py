@@ -92,11 +92,10 @@ def tiny_checkpoints(tmp_path_factory, one_thread):
     (root / "models.yaml").write_text(yaml.safe_dump(models))
     cfg = load_model_config(root / "models.yaml")
     torch.manual_seed(0)
-    latent = cfg.stage0.model.latent_channels
     weights = {
         0: Autoencoder(cfg.stage0.model).state_dict(),
         1: CFDT(cfg.stage1.model).state_dict(),
-        2: Refiner(cfg.stage2.model, latent_channels=latent, cond_channels=latent + 3).state_dict(),
+        2: Refiner(cfg.stage2.model).state_dict(),
         3: CFDT(cfg.stage1.model).state_dict(),
     }
     for stage, state in weights.items():

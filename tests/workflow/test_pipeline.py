@@ -73,6 +73,8 @@ def test_data_part_writes_split_stores_logs_and_benchmarks(data_run):
 
 
 def test_four_stages_train_end_to_end(data_run):
+    import json
+
     from vcloud.train.checkpoint import load_checkpoint
 
     work, _, _ = data_run
@@ -81,11 +83,14 @@ def test_four_stages_train_end_to_end(data_run):
         best = load_checkpoint(folder / "best.pt")
         assert best["stage"] == stage and best["best_metric"] == "psnr"
         assert load_checkpoint(folder / "latest.pt")["finished"]
-        lines = (folder / "metrics.jsonl").read_text().splitlines()
-        assert len(lines) == 1 and '"val_psnr"' in lines[0]
+        rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        # stages 2 and 3 validate their starting point first (row "epoch": -1, the score to beat)
+        assert [r["epoch"] for r in rows] == ([-1, 0] if stage in (2, 3) else [0]), rows
+        assert all("val_psnr" in r for r in rows)
         assert (work / f"benchmarks/train_stage{stage}/train_stage{stage}.tsv").is_file()
-    report = (work / "results/stage3/pseudo_labels.json").read_text()
-    assert '"kept"' in report and '"scored"' in report
+    report = json.loads((work / "results/stage3/pseudo_labels.json").read_text())
+    assert report["kept"] + report["rejected"] == report["scored"] == len(report["samples"])
+    assert set(report["validation_check"]) == {"kept", "rejected"}
 
 
 def test_every_stage_is_evaluated_on_the_test_split(data_run):

@@ -49,12 +49,16 @@ class TrainConfig:
     grad_clip: float | None = 1.0
     bf16: bool = False  # bf16 autocast (device "cuda"; on CPU only where requested explicitly)
     seed: int = 0
+    # This stage's random training samples per epoch; None = data.samples_per_epoch. Stage 2 of
+    # the small config needs many more optimizer steps than the others, not more validations.
+    samples_per_epoch: int | None = None
     # TensorBoard event files in results/stage<n>/tensorboard/ (rank 0). Not part of the stage
     # hash: switching it never restarts a stage.
     tensorboard: bool = True
 
     def __post_init__(self) -> None:
         _check_positive(self, ("epochs", "batch_size"))
+        _check_positive(self, ("samples_per_epoch",), optional=True)
         if not self.lr > 0:
             raise ValueError(f"lr: {self.lr} must be > 0")
 
@@ -122,17 +126,21 @@ class CFDTConfig:
 
 @dataclass(frozen=True)
 class RefinerConfig:
-    """Stage 2: conditional diffusion in the stage-0 latent space."""
+    """Stage 2: conditional diffusion of the stage-1 draft's pixel residual."""
 
     widths: tuple[int, ...] = (64, 128)  # UNet channels per level; len - 1 downsamplings by 2
     blocks_per_level: int = 1
+    patch: int = 2  # pixel-unshuffle factor in front of the UNet (space-to-depth, lossless)
     timesteps: int = 1000  # training noise levels
     sample_steps: int = 4  # deterministic (DDIM) steps at evaluation
+    # Diffusion samples averaged into one prediction (each from its own noise, all from the
+    # call's seed): their mean estimates the posterior mean, which PSNR rewards; 1 = one sample.
+    ensemble: int = 1
     schedule: Literal["cosine", "linear"] = "cosine"  # noise schedule (betas)
 
     def __post_init__(self) -> None:
         _check_widths(self)
-        _check_positive(self, ("blocks_per_level", "timesteps", "sample_steps"))
+        _check_positive(self, ("blocks_per_level", "patch", "timesteps", "sample_steps", "ensemble"))
         if self.sample_steps > self.timesteps:
             raise ValueError(f"sample_steps: {self.sample_steps} exceeds timesteps ({self.timesteps})")
 

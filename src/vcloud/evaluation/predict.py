@@ -32,8 +32,9 @@ def draft(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
 
 
 def refined(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
-    """Stage 2: the stage-1 draft refined by a few-step DDIM sample in the stage-0 latent space."""
-    pipeline = build_pipeline(cfg, stage0_ckpt=checkpoints[0], stage1_ckpt=checkpoints[1], wind=wind)
+    """Stage 2: the stage-1 draft plus the mean of `stage2.model.ensemble` few-step DDIM samples
+    of its pixel residual, all drawn from EVAL_SEED."""
+    pipeline = build_pipeline(cfg, stage1_ckpt=checkpoints[1], wind=wind)
     pipeline.load_state_dict(load_frozen_state(checkpoints[2], stage=2))
     pipeline.eval()
     return lambda batch: pipeline.sample(batch, steps=cfg.stage2.model.sample_steps, seed=EVAL_SEED)

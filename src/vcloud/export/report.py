@@ -89,7 +89,11 @@ def plot_curves(metrics: Path, out: Path, *, title: str) -> None:
         ax.set_xlabel("epoch")
         ax.grid(alpha=0.3)
         ax.xaxis.get_major_locator().set_params(integer=True)
-    fig.suptitle(f"{title} ({len(records)} epochs, {metrics})", fontsize=11)
+    # A stage that validates its starting point first (trainer StageTask.validate_initial) has
+    # a row "epoch": -1, drawn at 0 and not counted as an epoch.
+    trained = sum(1 for r in records if r["epoch"] >= 0)
+    start = " + the start at 0" if len(records) > trained else ""
+    fig.suptitle(f"{title} ({trained} epochs{start}, {metrics})", fontsize=11)
     with atomic_output(out) as tmp:
         fig.savefig(tmp, format="png", metadata={"Software": None})
     plt.close(fig)

@@ -82,20 +82,13 @@ def parameter_counts(cfg) -> dict[str, int]:
     """Parameter counts of the three stage models, built on the meta device (no memory)."""
     from vcloud.models.autoencoder import Autoencoder
     from vcloud.models.cfdt import CFDT
-    from vcloud.models.refiner import CONDITION_EXTRA_CHANNELS, Refiner
+    from vcloud.models.refiner import Refiner
 
-    latent = cfg.stage0.model.latent_channels
     with torch.device("meta"):
         return {
             "autoencoder_params": count_parameters(Autoencoder(cfg.stage0.model)),
             "cfdt_params": count_parameters(CFDT(cfg.stage1.model)),
-            "refiner_params": count_parameters(
-                Refiner(
-                    cfg.stage2.model,
-                    latent_channels=latent,
-                    cond_channels=latent + CONDITION_EXTRA_CHANNELS,
-                )
-            ),
+            "refiner_params": count_parameters(Refiner(cfg.stage2.model)),
         }
 
 

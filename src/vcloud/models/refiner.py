@@ -1,14 +1,19 @@
-"""Stage 2: conditional diffusion refiner in the stage-0 latent space.
+"""Stage 2: conditional diffusion refiner in pixel space.
 
-What diffuses is the residual r = latent(clear target) - latent(stage-1 draft), and the
-refiner, a small UNet, predicts the clean residual r0 from a noised r_t ("x0 prediction")
-given the condition: the stage-0 latent of the draft plus the target date's S1 (2 channels)
-and cloud probability (1), average-pooled to latent resolution (`refiner_condition`).
-Why residual + x0: the output head starts at zero, so an untrained or weak refiner returns
-the draft unchanged instead of amplified noise (with eps prediction the first DDIM step of a
-cosine schedule multiplies prediction errors ~2e4 times), and training only has to learn the
-correction. Sampling is deterministic DDIM (eta = 0): the only randomness is the initial
-noise, drawn from the caller's generator, so one seed gives one sample and seeds differ.
+What diffuses is the normalised residual r = (clear target - stage-1 draft) / scale, per S2
+band, with `scale` (a buffer saved with the weights) the residual's standard deviation measured
+on training samples, so that r has unit variance like the noise it is mixed with. The refiner,
+a small UNet behind a pixel-unshuffle (space-to-depth by `patch`, lossless and 4x cheaper per
+level at patch 2), predicts the clean residual r0 from a noised r_t ("x0 prediction") given the
+condition (`refiner_condition`): the draft, the observed (cloudy) target date, its S1 and its
+cloud probability, all at full resolution.
+Why pixel space: decoding through the stage-0 autoencoder caps the result at the autoencoder's
+quality (measured on the default run: see the README); a pixel residual has no such cap.
+Why residual + x0: the output head starts at zero, so an untrained refiner returns the draft
+unchanged ("no correction", what stage 2's best-checkpoint guard compares with), and training
+only has to learn the correction. Sampling is deterministic DDIM (eta = 0): the only randomness
+is the initial noise, drawn from the caller's generator, so one seed gives one sample and
+different seeds give different samples (their spread is stage 3's confidence).
 """
 
 from __future__ import annotations
@@ -20,44 +25,56 @@ import torch.nn.functional as F
 from torch import nn
 
 from vcloud.config import RefinerConfig
-from vcloud.constants import S1_BANDS
+from vcloud.constants import OUTPUT_CHANNELS, S1_BANDS
 from vcloud.models.blocks import Downsample, ResBlock, Upsample, output_head, sinusoidal_embedding
 
-CONDITION_EXTRA_CHANNELS = len(S1_BANDS) + 1  # target date's S1 VV, VH and cloud probability
+S2_BANDS = OUTPUT_CHANNELS  # what diffuses: the S2 residual, (B, 13, H, W)
+CONDITION_CHANNELS = 2 * S2_BANDS + len(S1_BANDS) + 1  # draft, observed target date, its S1 VV/VH, cloud probability
 
 
-def refiner_condition(draft_latent: torch.Tensor, s1: torch.Tensor, cloud_prob: torch.Tensor) -> torch.Tensor:
-    """(B, Cz, h, w), (B, 2, H, W), (B, 1, H, W) or (B, H, W) -> cond (B, Cz + 3, h, w)."""
+def refiner_condition(
+    draft: torch.Tensor, observed: torch.Tensor, s1: torch.Tensor, cloud_prob: torch.Tensor
+) -> torch.Tensor:
+    """(B, 13, H, W) x2, (B, 2, H, W), (B, 1, H, W) or (B, H, W) -> cond (B, 29, H, W)."""
     if cloud_prob.ndim == 3:
         cloud_prob = cloud_prob[:, None]
-    assert s1.ndim == 4 and s1.shape[1] == 2, f"s1 must be (B, 2, H, W), got {tuple(s1.shape)}"
-    assert cloud_prob.shape[1] == 1 and cloud_prob.shape[-2:] == s1.shape[-2:], (
-        f"cloud_prob must be (B, 1, H, W) like s1 {tuple(s1.shape)}, got {tuple(cloud_prob.shape)}"
+    assert draft.shape == observed.shape and draft.shape[1] == S2_BANDS, (
+        f"draft and observed must both be (B, {S2_BANDS}, H, W), got {tuple(draft.shape)} and {tuple(observed.shape)}"
     )
-    h, w = draft_latent.shape[-2:]
-    assert s1.shape[-2] % h == 0 and s1.shape[-1] % w == 0, (
-        f"image size {tuple(s1.shape[-2:])} is not a multiple of the latent size {(h, w)}"
+    assert s1.shape == (draft.shape[0], len(S1_BANDS), *draft.shape[-2:]), (
+        f"s1 must be (B, 2, H, W) like the draft {tuple(draft.shape)}, got {tuple(s1.shape)}"
     )
-    extra = F.adaptive_avg_pool2d(torch.cat([s1, cloud_prob], dim=1).float(), (h, w))  # (B, 3, h, w)
-    return torch.cat([draft_latent, extra.to(draft_latent.dtype)], dim=1)  # (B, Cz + 3, h, w)
+    assert cloud_prob.shape == (draft.shape[0], 1, *draft.shape[-2:]), (
+        f"cloud_prob must be (B, 1, H, W) like the draft {tuple(draft.shape)}, got {tuple(cloud_prob.shape)}"
+    )
+    parts = (draft, observed, s1, cloud_prob)
+    return torch.cat([p.to(draft.dtype) for p in parts], dim=1)  # (B, 29, H, W)
 
 
 class Refiner(nn.Module):
-    """Residual prediction UNet: forward(r_t (B, Cz, h, w), t (B,) long, cond (B, Cc, h, w)) -> r0."""
+    """Residual prediction UNet: forward(r_t (B, C, H, W), t (B,) long, cond (B, Cc, H, W)) -> r0.
 
-    def __init__(self, cfg: RefinerConfig, *, latent_channels: int, cond_channels: int) -> None:
+    `residual_scale` (C,) is the per-band std of the residual it was trained on: the caller
+    divides the residual by it before diffusion and multiplies the sample by it afterwards.
+    """
+
+    def __init__(
+        self, cfg: RefinerConfig, *, channels: int = S2_BANDS, cond_channels: int = CONDITION_CHANNELS
+    ) -> None:
         super().__init__()
         widths = tuple(cfg.widths)
-        self.latent_channels = latent_channels
+        self.channels = channels
         self.cond_channels = cond_channels
+        self.patch = cfg.patch
         self.timesteps = cfg.timesteps
         self.schedule_kind = cfg.schedule  # "cosine" or "linear", for DiffusionSchedule
         self.sample_steps = cfg.sample_steps
-        self.downsample = 2 ** (len(widths) - 1)
+        self.downsample = cfg.patch * 2 ** (len(widths) - 1)  # input sizes must be multiples
         self.time_dim = widths[0]
+        self.register_buffer("residual_scale", torch.ones(channels))
         emb = 4 * widths[0]
         self.time_mlp = nn.Sequential(nn.Linear(widths[0], emb), nn.SiLU(), nn.Linear(emb, emb))
-        self.stem = nn.Conv2d(latent_channels + cond_channels, widths[0], 3, padding=1)
+        self.stem = nn.Conv2d((channels + cond_channels) * cfg.patch**2, widths[0], 3, padding=1)
 
         self.down = nn.ModuleList()
         self.downsamplers = nn.ModuleList()
@@ -75,23 +92,24 @@ class Refiner(nn.Module):
                 )
             )
             self.upsamplers.append(Upsample(width, widths[level - 1]) if level else nn.Identity())
-        self.head = output_head(widths[0], latent_channels)
+        self.head = output_head(widths[0], channels * cfg.patch**2)
         nn.init.zeros_(self.head[-1].weight)  # start as "no correction": the draft passes through
         nn.init.zeros_(self.head[-1].bias)
 
-    def forward(self, z_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
-        assert z_t.ndim == 4 and z_t.shape[1] == self.latent_channels, (
-            f"z_t must be (B, {self.latent_channels}, h, w), got {tuple(z_t.shape)}"
+    def forward(self, r_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        assert r_t.ndim == 4 and r_t.shape[1] == self.channels, (
+            f"r_t must be (B, {self.channels}, H, W), got {tuple(r_t.shape)}"
         )
-        assert cond.shape == (z_t.shape[0], self.cond_channels, *z_t.shape[-2:]), (
-            f"cond must be (B, {self.cond_channels}, h, w) like z_t, got {tuple(cond.shape)}"
+        assert cond.shape == (r_t.shape[0], self.cond_channels, *r_t.shape[-2:]), (
+            f"cond must be (B, {self.cond_channels}, H, W) like r_t, got {tuple(cond.shape)}"
         )
-        assert t.shape == (z_t.shape[0],), f"t must be ({z_t.shape[0]},), got {tuple(t.shape)}"
-        assert z_t.shape[-2] % self.downsample == 0 and z_t.shape[-1] % self.downsample == 0, (
-            f"latent size {tuple(z_t.shape[-2:])} must be a multiple of {self.downsample}"
+        assert t.shape == (r_t.shape[0],), f"t must be ({r_t.shape[0]},), got {tuple(t.shape)}"
+        assert r_t.shape[-2] % self.downsample == 0 and r_t.shape[-1] % self.downsample == 0, (
+            f"image size {tuple(r_t.shape[-2:])} must be a multiple of {self.downsample}"
         )
         emb = self.time_mlp(sinusoidal_embedding(t, self.time_dim))  # (B, E)
-        h = self.stem(torch.cat([z_t, cond.to(z_t.dtype)], dim=1))  # (B, w0, h, w)
+        x = torch.cat([r_t, cond.to(r_t.dtype)], dim=1)  # (B, C + Cc, H, W)
+        h = self.stem(F.pixel_unshuffle(x, self.patch))  # (B, w0, H/p, W/p)
         skips = []
         for blocks, downsample in zip(self.down, self.downsamplers):
             for block in blocks:
@@ -105,7 +123,7 @@ class Refiner(nn.Module):
             for block in blocks:
                 h = block(h, emb)
             h = upsample(h)
-        return self.head(h)  # (B, Cz, h, w)
+        return F.pixel_shuffle(self.head(h), self.patch)  # (B, C, H, W)
 
 
 class DiffusionSchedule:

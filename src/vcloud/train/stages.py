@@ -3,19 +3,23 @@
 - stage 0: autoencoder on clear S2 images, L1 reconstruction; val PSNR.
 - stage 1: CFDT draft model; input T dates with a synthetic cloud (curriculum class) on the
   clear target date; L1 to the clear image; val on fixed seeded clouds of every class.
-- stage 2: diffusion refiner in the stage-0 latent space, conditioned on the frozen stage-1
-  draft and the target date's S1 + cloud probability; it diffuses the latent residual between
-  the clear target and the draft (x0 prediction, MSE); val PSNR of the few-step DDIM sample.
+- stage 2: diffusion refiner in pixel space, conditioned on the frozen stage-1 draft, the
+  observed target date, its S1 and cloud probability; it diffuses the residual between the
+  clear target and the draft, divided by its per-band std (x0 prediction, MSE); val PSNR of the
+  mean of `ensemble` few-step DDIM samples. Validated before training too (the untrained
+  refiner is the draft), so stage 2 never ships worse than "no correction".
 - stage 3: self-training. The stage 1+2 teacher labels cloudy-only samples (locations with no
   clear date); a pseudo-label is kept when refiner samples from `sampler_seeds` seeds agree
   (mean |difference| <= max_seed_spread) and it matches the pixels the cloud mask calls clear
   (mean |error| <= max_visible_error). The student (stage-1 weights) is fine-tuned on the
-  labelled samples plus the kept pseudo-labels.
+  labelled samples plus the kept pseudo-labels. The rule is also applied to validation samples
+  (truth known): pseudo_labels.json reports the kept and rejected groups' PSNR.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 import numpy as np
@@ -24,19 +28,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from vcloud.config import ModelSetConfig
+from vcloud.config import ModelSetConfig, SelfTraining
 from vcloud.constants import CLOUD_CLASSES, S2_CHANNELS, S2CLOUDLESS_KWARGS
 from vcloud.data.samples import ClearImages, CloudySamples, EpochConcat, UnlabelledSamples, crop_item, finish_batch
 from vcloud.evaluation.metrics import compute_all
 from vcloud.models.autoencoder import Autoencoder
 from vcloud.models.cfdt import CFDT
-from vcloud.models.refiner import (
-    CONDITION_EXTRA_CHANNELS,
-    DiffusionSchedule,
-    Refiner,
-    ddim_sample,
-    refiner_condition,
-)
+from vcloud.models.refiner import S2_BANDS, DiffusionSchedule, Refiner, ddim_sample, refiner_condition
 from vcloud.train.checkpoint import load_checkpoint
 from vcloud.train.trainer import StageTask
 from vcloud.wind.scan_orders import WindCache, sector_from_wind
@@ -78,14 +76,15 @@ def detect_on(device: str, *, raw: bool = True) -> str:
 
 
 def _cloudy(
-    cfg: ModelSetConfig, store: Path, *, train: bool, stage_epochs: int, device: str = "cpu", raw: bool = True
-) -> CloudySamples:
+    cfg: ModelSetConfig, store: Path, *, train: bool, stage_epochs: int, device: str = "cpu", raw: bool = True,
+    samples_per_epoch: int | None = None,
+) -> CloudySamples:  # fmt: skip
     d = cfg.data
     detect = detect_on(device, raw=raw)
     if train:
         cur = cfg.stage1.curriculum
         return CloudySamples(
-            store, dates=d.input_dates, length=d.samples_per_epoch, seed=cfg.stage1.train.seed,
+            store, dates=d.input_dates, length=samples_per_epoch or d.samples_per_epoch, seed=cfg.stage1.train.seed,
             crop=d.crop, clear_max_cover=d.clear_target_max_cover, epochs=stage_epochs,
             mixed_from=cur.mixed_from, all_from=cur.all_from, raw=raw, detect=detect,
         )  # fmt: skip
@@ -143,7 +142,8 @@ def stage0(cfg: ModelSetConfig, *, train: Path, val: Path) -> StageTask:
     return _on_device(StageTask(
         stage=0,
         model=model,
-        train_set=ClearImages(train, length=d.samples_per_epoch, seed=cfg.stage0.train.seed, crop=d.crop,
+        train_set=ClearImages(train, length=cfg.stage0.train.samples_per_epoch or d.samples_per_epoch,
+                              seed=cfg.stage0.train.seed, crop=d.crop,
                               clear_max_cover=d.clear_target_max_cover, raw=True),
         val_set=ClearImages(val, length=d.val_samples, seed=VAL_SEED, clear_max_cover=d.clear_target_max_cover, raw=True),
         loss=loss,
@@ -154,7 +154,10 @@ def stage0(cfg: ModelSetConfig, *, train: Path, val: Path) -> StageTask:
 def stage1(
     cfg: ModelSetConfig, *, train: Path, val: Path, wind: WindCache | None = None, device: str = "cpu"
 ) -> StageTask:
-    train_set = _cloudy(cfg, train, train=True, stage_epochs=cfg.stage1.train.epochs, device=device)
+    t = cfg.stage1.train
+    train_set = _cloudy(
+        cfg, train, train=True, stage_epochs=t.epochs, device=device, samples_per_epoch=t.samples_per_epoch
+    )
     model = install_wind_orders(CFDT(cfg.stage1.model), wind)
 
     def loss(m, batch):
@@ -173,19 +176,24 @@ def stage1(
     ))  # fmt: skip
 
 
-class RefinerPipeline(nn.Module):
-    """Frozen stage 0 + stage 1 around the trainable refiner.
+def observed_target(batch: dict) -> torch.Tensor:
+    """The target date's input S2 as the model sees it (clouded): (B, 13, H, W)."""
+    rows = torch.arange(batch["x"].shape[0], device=batch["x"].device)
+    return batch["x"][rows, batch["target_index"].to(rows.device), S2_CHANNELS]
 
-    Only the refiner has gradients, and only the refiner is in the state dict: stage 2's
-    checkpoints do not repeat the stage 0 and stage 1 weights they were trained against.
+
+class RefinerPipeline(nn.Module):
+    """The frozen stage-1 CFDT around the trainable pixel-space refiner.
+
+    Only the refiner has gradients, and only the refiner (with its residual scale) is in the
+    state dict: stage 2's checkpoints do not repeat the stage-1 weights they were trained on.
     """
 
-    def __init__(self, autoencoder: nn.Module, cfdt: nn.Module, refiner: nn.Module, *, timesteps: int,
-                 schedule: str, latent_channels: int):  # fmt: skip
+    def __init__(self, cfdt: nn.Module, refiner: Refiner, *, timesteps: int, schedule: str, ensemble: int = 1):
         super().__init__()
-        self.autoencoder, self.cfdt, self.refiner = autoencoder, cfdt, refiner
+        self.cfdt, self.refiner = cfdt, refiner
         self.schedule = DiffusionSchedule(timesteps, kind=schedule)
-        self.latent_channels = latent_channels
+        self.ensemble = ensemble
 
     def state_dict(self, *args, **kwargs):
         return self.refiner.state_dict(*args, **kwargs)
@@ -195,74 +203,117 @@ class RefinerPipeline(nn.Module):
 
     def train(self, mode: bool = True):
         super().train(mode)
-        self.autoencoder.eval()  # frozen parts stay in eval mode
-        self.cfdt.eval()
+        self.cfdt.eval()  # the frozen draft model stays in eval mode
         return self
 
     @torch.no_grad()
-    def condition(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(draft, draft latent, refiner condition) for a batch."""
-        draft = cfdt_draft(self.cfdt, batch)
-        latent = self.autoencoder.encode(draft)
-        return draft, latent, refiner_condition(latent, batch["target_s1"], batch["target_prob"])
+    def condition(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(draft (B, 13, H, W) float32, refiner condition (B, 29, H, W)) for a batch."""
+        draft = cfdt_draft(self.cfdt, batch).float()
+        return draft, refiner_condition(draft, observed_target(batch), batch["target_s1"], batch["target_prob"])
+
+    def _scale(self) -> torch.Tensor:
+        return self.refiner.residual_scale.view(1, -1, 1, 1)  # (1, 13, 1, 1)
 
     def forward(self, batch: dict) -> torch.Tensor:
-        """x0-prediction loss on the latent residual between the clear target and the draft."""
-        _, draft_latent, cond = self.condition(batch)
-        with torch.no_grad():
-            r0 = (self.autoencoder.encode(batch["target"]) - draft_latent).float()
+        """x0-prediction loss on the normalised pixel residual between the target and the draft."""
+        draft, cond = self.condition(batch)
+        r0 = (batch["target"].float() - draft) / self._scale()  # (B, 13, H, W), unit std
         t = torch.randint(0, self.schedule.timesteps, (r0.shape[0],), device=r0.device)
         r_t = self.schedule.q_sample(r0, t, torch.randn_like(r0))
         return F.mse_loss(self.refiner(r_t, t, cond).float(), r0)
 
     @torch.no_grad()
-    def sample(self, batch: dict, *, steps: int, seed: int) -> torch.Tensor:
-        """Deterministic few-step refinement of the draft, S2 (B, 13, H, W).
-
-        The latent correction is applied as a difference of decodings, draft + D(z + r) - D(z),
-        so the autoencoder's own reconstruction error never replaces the draft's detail.
-        """
-        draft, draft_latent, cond = self.condition(batch)
-        shape = tuple(draft_latent.shape)
-        generator = torch.Generator(device=cond.device).manual_seed(seed)
+    def _refine(self, draft: torch.Tensor, cond: torch.Tensor, *, steps: int, seed: int, draws: int) -> torch.Tensor:
+        """`draws` DDIM samples of the refined draft, their noise drawn in turn from one generator
+        seeded with `seed`, all in one batch: (draws, B, 13, H, W) in 0..1."""
+        generator = torch.Generator(device=cond.device).manual_seed(int(seed))
+        shape = (draws * draft.shape[0], *draft.shape[1:])
+        cond = cond.repeat(draws, 1, 1, 1)  # (draws * B, 29, H, W): draw-major like the noise
         residual = ddim_sample(
             self.refiner, cond, steps=steps, generator=generator, shape=shape, schedule=self.schedule
         )
-        correction = self.autoencoder.decode(draft_latent + residual.to(draft_latent.dtype))
-        correction = correction - self.autoencoder.decode(draft_latent)
-        return (draft.float() + correction.float()).clamp(0, 1)
+        residual = residual.float().view(draws, *draft.shape)
+        return (draft + residual * self._scale()).clamp(0, 1)
+
+    @torch.no_grad()
+    def samples(self, batch: dict, *, steps: int, seeds: list[int]) -> torch.Tensor:
+        """One few-step DDIM sample per seed, single draws (no ensemble): (S, B, 13, H, W) in 0..1.
+
+        The draft is computed once; each seed draws its own initial noise, so the samples differ
+        where the refiner is unsure and agree where it is not (stage 3's confidence).
+        """
+        draft, cond = self.condition(batch)
+        return torch.cat([self._refine(draft, cond, steps=steps, seed=s, draws=1) for s in seeds])
+
+    @torch.no_grad()
+    def sample(self, batch: dict, *, steps: int, seed: int, ensemble: int | None = None) -> torch.Tensor:
+        """The refined S2 (B, 13, H, W): the mean of `ensemble` samples (the config's by default)."""
+        draft, cond = self.condition(batch)
+        draws = self.ensemble if ensemble is None else ensemble
+        return self._refine(draft, cond, steps=steps, seed=seed, draws=draws).mean(0)
 
 
-def build_pipeline(
-    cfg: ModelSetConfig, *, stage0_ckpt: Path, stage1_ckpt: Path, wind: WindCache | None = None
-) -> RefinerPipeline:
-    autoencoder = load_frozen(Autoencoder(cfg.stage0.model), stage0_ckpt, stage=0)
+def build_pipeline(cfg: ModelSetConfig, *, stage1_ckpt: Path, wind: WindCache | None = None) -> RefinerPipeline:
+    """Stage 1 (frozen) + a fresh refiner (pixel space: stage 0 is not part of it)."""
     cfdt = install_wind_orders(load_frozen(CFDT(cfg.stage1.model), stage1_ckpt, stage=1), wind)
-    latent = cfg.stage0.model.latent_channels
-    refiner = Refiner(cfg.stage2.model, latent_channels=latent, cond_channels=latent + CONDITION_EXTRA_CHANNELS)
-    return RefinerPipeline(
-        autoencoder, cfdt, refiner, timesteps=cfg.stage2.model.timesteps, schedule=cfg.stage2.model.schedule,
-        latent_channels=latent,
-    )  # fmt: skip
+    m = cfg.stage2.model
+    return RefinerPipeline(cfdt, Refiner(m), timesteps=m.timesteps, schedule=m.schedule, ensemble=m.ensemble)
+
+
+RESIDUAL_SCALE_SAMPLES = 16  # training samples (every cloud kind) the residual's std is measured on
+RESIDUAL_SCALE_FLOOR = 1e-3  # a band the draft already gets right is not blown up to unit noise
+
+
+@torch.no_grad()
+def fit_residual_scale(pipeline: RefinerPipeline, samples: Dataset, *, device: str) -> torch.Tensor:
+    """Per-band std of (target - draft) over `samples`, stored in the refiner: (13,)."""
+    pipeline.to(device).eval()
+    total = torch.zeros(S2_BANDS, dtype=torch.float64)
+    squares = torch.zeros(S2_BANDS, dtype=torch.float64)
+    count = 0
+    for index in range(len(samples)):
+        batch = finish_batch({k: v[None].to(device) for k, v in samples[index].items()})
+        residual = (batch["target"].float() - cfdt_draft(pipeline.cfdt, batch).float()).double().cpu()
+        total += residual.sum(dim=(0, 2, 3))
+        squares += (residual**2).sum(dim=(0, 2, 3))
+        count += residual[:, 0].numel()
+    std = (squares / count - (total / count) ** 2).clamp(min=0).sqrt().clamp(min=RESIDUAL_SCALE_FLOOR)
+    pipeline.refiner.residual_scale.copy_(std.to(pipeline.refiner.residual_scale))
+    return pipeline.refiner.residual_scale
 
 
 def stage2(
-    cfg: ModelSetConfig, *, train: Path, val: Path, stage0_ckpt: Path, stage1_ckpt: Path,
-    wind: WindCache | None = None, device: str = "cpu",
+    cfg: ModelSetConfig, *, train: Path, val: Path, stage1_ckpt: Path, wind: WindCache | None = None,
+    device: str = "cpu",
 ) -> StageTask:  # fmt: skip
-    pipeline = build_pipeline(cfg, stage0_ckpt=stage0_ckpt, stage1_ckpt=stage1_ckpt, wind=wind)
+    pipeline = build_pipeline(cfg, stage1_ckpt=stage1_ckpt, wind=wind)
+    d = cfg.data
+    scale_samples = CloudySamples(
+        train, dates=d.input_dates, length=RESIDUAL_SCALE_SAMPLES, seed=cfg.stage2.train.seed, crop=d.crop,
+        clear_max_cover=d.clear_target_max_cover, kinds=EVAL_KINDS, raw=True, detect=detect_on(device),
+    )  # fmt: skip
+    scale = fit_residual_scale(pipeline, scale_samples, device=device)
+    pipeline.to("cpu")  # the trainer moves it where it trains
+    log.info("stage 2: residual std per band %s", [round(float(v), 4) for v in scale])
     steps = cfg.stage2.model.sample_steps
 
     def loss(m, batch):
         return m(batch)
 
     def validate(m, batch):
-        return compute_all(m.sample(batch, steps=steps, seed=VAL_SEED).float(), batch["target"].float())
+        return compute_all(_unwrap(m).sample(batch, steps=steps, seed=VAL_SEED).float(), batch["target"].float())
 
+    # The untrained refiner is exactly "no correction" (zero output head): validating it first
+    # makes the draft the score to beat, and its weights the best.pt when no epoch beats it.
+    assert not pipeline.refiner.head[-1].weight.any(), "the refiner must start as no correction"
     return _on_device(StageTask(
         stage=2, model=pipeline,
-        train_set=_cloudy(cfg, train, train=True, stage_epochs=cfg.stage2.train.epochs, device=device),
+        train_set=_cloudy(cfg, train, train=True, stage_epochs=cfg.stage2.train.epochs, device=device,
+                          samples_per_epoch=cfg.stage2.train.samples_per_epoch),
         val_set=_cloudy(cfg, val, train=False, stage_epochs=1, device=device), loss=loss, validate=validate,
+        validate_initial=True,
+        summary={"residual_scale": [round(float(v), 5) for v in scale]},
     ))  # fmt: skip
 
 
@@ -284,45 +335,100 @@ class PseudoLabelled(Dataset):
         return crop_item(item, np.random.default_rng((self.seed, epoch, i, 1)), self.crop)
 
 
+def confidence(draws: torch.Tensor, observed: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tensor, float, float]:
+    """A teacher's seeds for one sample -> (label, seed spread, visible error).
+
+    draws (S, 13, H, W): refiner samples of S seeds; observed (13, H, W): the target date's input;
+    visible (H, W) bool: pixels the cloud mask calls clear. label = the seeds' mean; spread = mean
+    |seed - label| (0 when the seeds agree); visible error = mean |label - observed| over visible
+    pixels (inf when none is visible: nothing to check the label against).
+    """
+    label = draws.mean(0)  # (13, H, W)
+    spread = (draws - label).abs().mean().item()
+    visible_error = (label - observed).abs().mean(0)[visible].mean().item() if visible.any() else math.inf
+    return label, spread, visible_error
+
+
+def accepted(spread: float, visible_error: float, rule: SelfTraining) -> bool:
+    """The self-training acceptance rule (SELF_TRAINING_RULE) with `stage3.self_training` thresholds."""
+    return spread <= rule.max_seed_spread and visible_error <= rule.max_visible_error
+
+
 @torch.no_grad()
 def pseudo_label(pipeline: RefinerPipeline, samples: UnlabelledSamples, cfg: ModelSetConfig, device: str):
     """Label cloudy-only samples with the teacher; keep the confident ones."""
     st = cfg.stage3.self_training
-    steps = cfg.stage2.model.sample_steps
+    steps, seeds = cfg.stage2.model.sample_steps, list(range(st.sampler_seeds))
     pipeline.to(device).eval()
     kept, scored = [], []
     for index in range(len(samples)):
-        item = samples[index]
-        batch = {k: v[None].to(device) for k, v in item.items()}
-        draws = torch.stack([pipeline.sample(batch, steps=steps, seed=s)[0] for s in range(st.sampler_seeds)])
-        label = draws.mean(0)  # (13, H, W)
-        spread = (draws - label).abs().mean().item()
-        visible = batch["visible"][0]
-        observed = batch["x"][0, item["target_index"], S2_CHANNELS]
-        visible_error = (label - observed).abs().mean(0)[visible].mean().item() if visible.any() else float("inf")
-        ok = spread <= st.max_seed_spread and visible_error <= st.max_visible_error
-        scored.append({"index": index, "spread": spread, "visible_error": visible_error, "kept": ok})
+        batch = {k: v[None].to(device) for k, v in samples[index].items()}
+        draws = pipeline.samples(batch, steps=steps, seeds=seeds)[:, 0]  # (S, 13, H, W)
+        label, spread, visible_error = confidence(draws, observed_target(batch)[0], batch["visible"][0])
+        ok = accepted(spread, visible_error, st)
+        scored.append(
+            {"index": index, "spread": round(spread, 6), "visible_error": round(visible_error, 6), "kept": ok}
+        )
         if ok:
             kept.append((index, label.cpu()))
     return kept, scored
 
 
+@torch.no_grad()
+def check_on_labelled(pipeline: RefinerPipeline, samples: Dataset, cfg: ModelSetConfig, device: str) -> dict:
+    """The acceptance rule on samples whose truth is known: does it keep the better labels?
+
+    Each sample is labelled and accepted exactly as a cloudy-only one (visible = cloud
+    probability below the s2cloudless threshold); reported per group (kept / rejected): count,
+    mean PSNR of the label and of the stage-1 draft against the truth, and the gain between them.
+    """
+    st = cfg.stage3.self_training
+    steps, seeds = cfg.stage2.model.sample_steps, list(range(st.sampler_seeds))
+    pipeline.to(device).eval()
+    groups: dict[str, dict[str, list[float]]] = {g: {"label": [], "draft": []} for g in ("kept", "rejected")}
+    for index in range(len(samples)):
+        batch = finish_batch({k: v[None].to(device) for k, v in samples[index].items()})
+        draws = pipeline.samples(batch, steps=steps, seeds=seeds)[:, 0]
+        visible = batch["target_prob"][0] < S2CLOUDLESS_KWARGS["threshold"]
+        label, spread, visible_error = confidence(draws, observed_target(batch)[0], visible)
+        group = groups["kept" if accepted(spread, visible_error, st) else "rejected"]
+        truth = batch["target"].float()
+        group["label"].append(float(compute_all(label[None], truth)["psnr"][0]))
+        draft = cfdt_draft(pipeline.cfdt, batch).float().clamp(0, 1)
+        group["draft"].append(float(compute_all(draft, truth)["psnr"][0]))
+    report = {}
+    for name, values in groups.items():
+        n = len(values["label"])
+        label_psnr = float(np.mean(values["label"])) if n else None
+        draft_psnr = float(np.mean(values["draft"])) if n else None
+        report[name] = {"samples": n, "label_psnr": label_psnr, "draft_psnr": draft_psnr,
+                        "gain_db": label_psnr - draft_psnr if n else None}  # fmt: skip
+    return report
+
+
 def stage3(
-    cfg: ModelSetConfig, *, train: Path, val: Path, stage0_ckpt: Path, stage1_ckpt: Path, stage2_ckpt: Path,
+    cfg: ModelSetConfig, *, train: Path, val: Path, stage1_ckpt: Path, stage2_ckpt: Path,
     device: str, wind: WindCache | None = None,
 ) -> StageTask:  # fmt: skip
-    pipeline = build_pipeline(cfg, stage0_ckpt=stage0_ckpt, stage1_ckpt=stage1_ckpt, wind=wind)
+    pipeline = build_pipeline(cfg, stage1_ckpt=stage1_ckpt, wind=wind)
     pipeline.load_state_dict(load_checkpoint(stage2_ckpt)["model"])
+    st = cfg.stage3.self_training
     unlabelled = UnlabelledSamples(
         train, dates=cfg.data.input_dates, seed=cfg.stage3.train.seed, clear_max_cover=cfg.data.clear_target_max_cover,
-        limit=cfg.stage3.self_training.max_pseudo_labels,
+        limit=st.max_pseudo_labels,
     )  # fmt: skip
     kept, scored = pseudo_label(pipeline, unlabelled, cfg, device) if len(unlabelled) else ([], [])
-    log.info("stage 3: kept %d of %d pseudo-labels", len(kept), len(scored))
+    # The same rule on validation samples, whose truth is known: what the kept labels are worth.
+    check = check_on_labelled(pipeline, _cloudy(cfg, val, train=False, stage_epochs=1, device=device), cfg, device)
+    log.info("stage 3: kept %d of %d pseudo-labels (rejected %d); on validation samples the rule gives %s",
+             len(kept), len(scored), len(scored) - len(kept), check)  # fmt: skip
+    pipeline.to("cpu")
     student = install_wind_orders(CFDT(cfg.stage1.model), wind)
     student.load_state_dict(load_checkpoint(stage1_ckpt)["model"])
     # Normalised on the CPU: its batches mix with the pseudo-labelled ones, which are.
-    labelled = _cloudy(cfg, train, train=True, stage_epochs=cfg.stage3.train.epochs, device=device, raw=False)
+    t = cfg.stage3.train
+    labelled = _cloudy(cfg, train, train=True, stage_epochs=t.epochs, device=device, raw=False,
+                       samples_per_epoch=t.samples_per_epoch)  # fmt: skip
     pseudo = PseudoLabelled(unlabelled, kept, crop=cfg.data.crop, seed=cfg.stage3.train.seed)
     train_set: Dataset = EpochConcat([labelled, pseudo]) if kept else labelled
 
@@ -336,6 +442,15 @@ def stage3(
         stage=3, model=student, train_set=train_set,
         val_set=_cloudy(cfg, val, train=False, stage_epochs=1, device=device),
         loss=loss, validate=validate,
-        summary={"pseudo_labels_scored": len(scored), "pseudo_labels_kept": len(kept)},
-        artifacts={"pseudo_labels": {"kept": len(kept), "scored": scored, "rule": SELF_TRAINING_RULE}},
+        validate_initial=True,  # the stage-1 start is a candidate: fine-tuning never ships worse
+        summary={"pseudo_labels_scored": len(scored), "pseudo_labels_kept": len(kept),
+                 "pseudo_labels_rejected": len(scored) - len(kept), "pseudo_label_check": check},
+        artifacts={"pseudo_labels": {
+            "scored": len(scored), "kept": len(kept), "rejected": len(scored) - len(kept),
+            "rule": SELF_TRAINING_RULE,
+            "thresholds": {"sampler_seeds": st.sampler_seeds, "max_seed_spread": st.max_seed_spread,
+                           "max_visible_error": st.max_visible_error},
+            "validation_check": check,
+            "samples": scored,
+        }},
     ))  # fmt: skip

@@ -63,6 +63,10 @@ class StageTask:
     on_epoch_start: Callable[[int], dict] | None = None  # e.g. the curriculum phase, logged
     summary: dict = field(default_factory=dict)  # stage facts for the metrics log
     artifacts: dict = field(default_factory=dict)  # name -> JSON-able, written as <out>/<name>.json
+    # Validate the untrained model before epoch 0 and keep it as the first best candidate
+    # (row "epoch": -1): a stage whose starting point is a safe fallback (stage 2's refiner
+    # starts as "no correction") then never ships weights that validate worse than it.
+    validate_initial: bool = False
 
 
 def loader_kwargs(data: DataConfig, *, batch_size: int) -> dict:
@@ -291,12 +295,41 @@ class Trainer:
         if self._resume():
             log.info("stage %d already finished (%s); nothing to do", self.task.stage, self.latest)
             return {"finished": True, "best_value": self.best_value}
+        # Without a validation set there is nothing to compare with: the last epoch is best as usual.
+        if self.task.validate_initial and self.val_loader is not None and self.epoch == 0 and self.step_in_epoch == 0:
+            self._validate_initial()
         with ckpt.StopRequest() as stop:
             while self.epoch < self.cfg.epochs:
                 record = self._train_epoch(stop)
                 record.update(self._validate())
                 self._end_epoch(record)
         return {"finished": True, "best_value": self.best_value}
+
+    def _validate_initial(self) -> None:
+        """Score the untrained model as epoch -1; it is best.pt until an epoch beats it.
+
+        Not committed to latest.pt on its own: a run killed before epoch 0 ends starts fresh and
+        redoes it; a stop inside epoch 0 saves it with the rows and the best weights.
+        """
+        record = {"epoch": -1, **self._validate()}
+        value = float(record.get(f"val_{self.task.best_metric}", -math.inf))
+        self.best_value, self.best_epoch = value, -1
+        if self.main:
+            self.best_weights = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+            self._write_best()
+        record["best"] = True
+        self._finish_record(record)
+        self.rows = [r for r in self.rows if r.get("epoch") != -1] + [record]
+        if self.main:
+            records.write_metrics(self.metrics_path, self.rows)
+            if self.tensorboard is not None:
+                self.tensorboard.add(record)
+            log.info(
+                "stage %d before training: val_%s %.4f (the value to beat)",
+                self.task.stage,
+                self.task.best_metric,
+                value,
+            )
 
     def _end_epoch(self, record: dict) -> None:
         """Commit an epoch so that a kill between any two writes leaves a consistent state.

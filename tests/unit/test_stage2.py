@@ -1,0 +1,205 @@
+"""Stage 2: the pixel-space refiner's guard (never ships worse than the draft), its seeded
+sampler, its residual scale, and the trainer's initial validation that the guard rests on."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from torch import nn
+
+from vcloud.config import DataConfig, TrainConfig, load_model_config
+from vcloud.data.samples import ClearImages, CloudySamples, finish_batch
+from vcloud.errors import StopRequested
+from vcloud.evaluation.metrics import compute_all
+from vcloud.models.cfdt import CFDT
+from vcloud.train import checkpoint as ckpt
+from vcloud.train.distributed import DistEnv
+from vcloud.train.stages import build_pipeline, cfdt_draft, fit_residual_scale, stage2
+from vcloud.train.trainer import StageTask, Trainer
+
+ROOT = Path(__file__).parents[2]
+SINGLE = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="", master_port=0, source="single")
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_store, tmp_path_factory):
+    """(model config, stage-1 checkpoint): the tiny model set and an untrained stage-1 CFDT."""
+    from vcloud.train.checkpoint import checkpoint_meta, save_checkpoint
+
+    root = tmp_path_factory.mktemp("stage2")
+    models = yaml.safe_load((ROOT / "tests/workflow/tiny_models.yaml").read_text())
+    models["data"]["clear_target_max_cover"] = 1.01  # every date of the tiny store may be a target
+    models["stage1"]["model"]["wind_scan"] = False
+    models["stage2"]["train"].update(epochs=2, batch_size=2, lr=3e-2)
+    (root / "models.yaml").write_text(yaml.safe_dump(models))
+    cfg = load_model_config(root / "models.yaml")
+    torch.manual_seed(0)
+    stage1 = root / "stage1.pt"
+    save_checkpoint(stage1, {**checkpoint_meta(stage=1, config_hash="t"), "model": CFDT(cfg.stage1.model).state_dict()})
+    return cfg, stage1
+
+
+def _val_batch(cfg, store) -> dict:
+    samples = CloudySamples(store, dates=cfg.data.input_dates, length=2, seed=5, clear_max_cover=1.01,
+                            kinds=("thick",))  # fmt: skip
+    return finish_batch({k: torch.stack([samples[i][k] for i in range(2)]) for k in samples[0]})
+
+
+def _fit(task: StageTask, cfg, out: Path) -> None:
+    Trainer(task, train_cfg=cfg.stage2.train, data_cfg=cfg.data, out_dir=out, config_hash="h",
+            config={"test": True}, env=SINGLE, device="cpu", progress=False).fit()  # fmt: skip
+
+
+def test_a_refiner_that_makes_things_worse_is_not_shipped(tiny, tiny_store, tmp_path):
+    cfg, stage1 = tiny
+    torch.manual_seed(0)
+    task = stage2(cfg, train=tiny_store, val=tiny_store, stage1_ckpt=stage1)
+    honest = task.loss
+    task.loss = lambda m, batch: -honest(m, batch)  # trains the refiner away from the residual
+    _fit(task, cfg, tmp_path)
+
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [-1, 0, 1]
+    assert rows[0]["best"] and not any(r["best"] for r in rows[1:])
+    assert all(r["val_psnr"] < rows[0]["val_psnr"] for r in rows[1:])  # training did make it worse
+    trained = ckpt.load_checkpoint(tmp_path / "latest.pt")["model"]
+    assert trained["head.2.weight"].abs().sum() > 0  # ... and the harmful weights exist
+
+    best = ckpt.load_checkpoint(tmp_path / "best.pt")
+    assert best["epoch"] == 0 and best["best_value"] == rows[0]["val_psnr"]
+    pipeline = build_pipeline(cfg, stage1_ckpt=stage1)
+    pipeline.load_state_dict(best["model"])
+    pipeline.eval()
+    batch = _val_batch(cfg, tiny_store)
+    for seed in (0, 7):  # what ships is exactly the draft, whatever the seed
+        torch.testing.assert_close(pipeline.sample(batch, steps=2, seed=seed),
+                                   cfdt_draft(pipeline.cfdt, batch).float().clamp(0, 1), rtol=0, atol=0)  # fmt: skip
+
+
+def test_sampler_output_depends_on_the_seed_only(tiny, tiny_store):
+    cfg, stage1 = tiny
+    pipeline = build_pipeline(cfg, stage1_ckpt=stage1).eval()
+    batch = _val_batch(cfg, tiny_store)
+    draft = cfdt_draft(pipeline.cfdt, batch).float()
+    untrained = pipeline.samples(batch, steps=2, seeds=[0, 1])
+    assert torch.equal(untrained[0], untrained[1])  # zero head: no correction at all
+    torch.nn.init.normal_(pipeline.refiner.head[-1].weight, std=0.05)  # as after some training
+    first, again, other = (pipeline.sample(batch, steps=2, seed=s, ensemble=1) for s in (3, 3, 4))
+    assert first.shape == draft.shape and torch.isfinite(first).all()
+    assert torch.equal(first, again)
+    assert (first - other).abs().mean() > 1e-3
+    assert (first - draft.clamp(0, 1)).abs().mean() > 1e-3
+    both = pipeline.samples(batch, steps=2, seeds=[3, 4])
+    torch.testing.assert_close(both[0], first)
+    torch.testing.assert_close(both[1], other)
+    # an ensemble averages draws that differ, and still depends on its seed
+    mean3, mean3_again, mean3_other = (pipeline.sample(batch, steps=2, seed=s, ensemble=3) for s in (3, 3, 4))
+    assert torch.equal(mean3, mean3_again) and (mean3 - mean3_other).abs().mean() > 1e-4
+    assert not torch.allclose(mean3, first, atol=1e-4)
+
+
+def test_a_stage_can_take_its_own_samples_per_epoch(tiny, tiny_store):
+    import dataclasses
+
+    cfg, stage1 = tiny
+    assert (
+        len(stage2(cfg, train=tiny_store, val=tiny_store, stage1_ckpt=stage1).train_set) == cfg.data.samples_per_epoch
+    )
+    own = dataclasses.replace(cfg.stage2.train, samples_per_epoch=5)
+    cfg = dataclasses.replace(cfg, stage2=dataclasses.replace(cfg.stage2, train=own))
+    assert len(stage2(cfg, train=tiny_store, val=tiny_store, stage1_ckpt=stage1).train_set) == 5
+
+
+def test_residual_scale_is_the_residual_std_per_band(tiny, tiny_store):
+    cfg, stage1 = tiny
+    pipeline = build_pipeline(cfg, stage1_ckpt=stage1)
+    samples = CloudySamples(tiny_store, dates=cfg.data.input_dates, length=3, seed=1, clear_max_cover=1.01,
+                            kinds=("thin", "opaque"))  # fmt: skip
+    scale = fit_residual_scale(pipeline, samples, device="cpu")
+    residuals = []
+    for i in range(3):
+        batch = {k: v[None] for k, v in samples[i].items()}
+        residuals.append(batch["target"] - cfdt_draft(pipeline.cfdt, batch))
+    residual = torch.cat(residuals).double()  # (3, 13, H, W)
+    expected = residual.transpose(0, 1).reshape(13, -1).std(dim=1, unbiased=False)
+    torch.testing.assert_close(scale.double(), expected.clamp(min=1e-3), rtol=1e-4, atol=1e-6)
+    assert torch.equal(pipeline.state_dict()["residual_scale"], scale)  # saved with the weights
+
+
+# --- the trainer's initial validation, on a toy task --------------------------------------------
+
+DATA = DataConfig(input_dates=2, num_workers=0, samples_per_epoch=6, val_samples=2)
+
+
+def _toy_task(store, *, hook=None, validated=True) -> StageTask:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(13, 8, 3, padding=1), nn.SiLU(), nn.Conv2d(8, 13, 3, padding=1))
+
+    def loss(m, batch):
+        value = nn.functional.l1_loss(m(batch["target"]), batch["target"] * 0.5)
+        return hook(value) if hook else value
+
+    def validate(m, batch):
+        return compute_all(m(batch["target"]).clamp(0, 1), batch["target"] * 0.5)
+
+    return StageTask(
+        stage=0, model=model, loss=loss, validate=validate, validate_initial=True,
+        train_set=ClearImages(store, length=6, seed=1, crop=16, clear_max_cover=1.01),
+        val_set=ClearImages(store, length=2, seed=2, clear_max_cover=1.01) if validated else None,
+    )  # fmt: skip
+
+
+def _toy_fit(store, out, *, hook=None, validated=True) -> None:
+    cfg = TrainConfig(epochs=3, batch_size=2, lr=1e-2, seed=0)
+    Trainer(_toy_task(store, hook=hook, validated=validated), train_cfg=cfg, data_cfg=DATA, out_dir=out, config_hash="h",
+            config={"test": True}, env=SINGLE, device="cpu", progress=False).fit()  # fmt: skip
+
+
+def test_a_model_that_improves_replaces_its_starting_point(tiny_store, tmp_path):
+    _toy_fit(tiny_store, tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [-1, 0, 1, 2]
+    assert rows[0]["best"] and "loss" not in rows[0]
+    best = ckpt.load_checkpoint(tmp_path / "best.pt")
+    assert best["epoch"] >= 1 and best["best_value"] == max(r["val_psnr"] for r in rows) > rows[0]["val_psnr"]
+
+
+def test_without_a_validation_set_the_start_is_not_a_candidate(tiny_store, tmp_path):
+    _toy_fit(tiny_store, tmp_path, validated=False)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [0, 1, 2]  # no row -1: nothing to beat
+    assert not (tmp_path / "best.pt").exists()  # as without the guard: no score, no best; never the start
+
+
+def test_a_stop_inside_epoch_0_resumes_with_the_initial_validation(tiny_store, tmp_path):
+    _toy_fit(tiny_store, tmp_path / "whole")
+    calls = {"n": 0}
+
+    def signal_once(value):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return value
+
+    with pytest.raises(StopRequested):
+        _toy_fit(tiny_store, tmp_path / "cut", hook=signal_once)
+    assert [r["epoch"] for r in ckpt.load_checkpoint(tmp_path / "cut/latest.pt")["metrics_rows"]] == [-1]
+    _toy_fit(tiny_store, tmp_path / "cut")
+
+    def strip(path):
+        return [{k: v for k, v in json.loads(line).items() if k in ("epoch", "val_psnr", "loss", "best")}
+                for line in path.read_text().splitlines()]  # fmt: skip
+
+    assert strip(tmp_path / "cut/metrics.jsonl") == strip(tmp_path / "whole/metrics.jsonl")
+    whole, cut = ckpt.load_checkpoint(tmp_path / "whole/best.pt"), ckpt.load_checkpoint(tmp_path / "cut/best.pt")
+    assert whole["epoch"] == cut["epoch"]
+    for key, value in whole["model"].items():
+        assert torch.equal(value, cut["model"][key]), key
