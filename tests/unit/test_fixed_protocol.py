@@ -98,9 +98,8 @@ def test_viewer_images_are_the_same_with_the_file(setup, tiny_store, tmp_path, m
 
     config, out = setup
     cfg = load_model_config(config)
-    latent = cfg.stage0.model.latent_channels
-    models = {0: Autoencoder(cfg.stage0.model), 1: CFDT(cfg.stage1.model),
-              2: Refiner(cfg.stage2.model, latent_channels=latent, cond_channels=latent + 3), 3: CFDT(cfg.stage1.model)}  # fmt: skip
+    models = {0: Autoencoder(cfg.stage0.model), 1: CFDT(cfg.stage1.model), 2: Refiner(cfg.stage2.model),
+              3: CFDT(cfg.stage1.model)}  # fmt: skip
     checkpoints = {}
     for stage, model in models.items():
         checkpoints[stage] = tmp_path / f"stage{stage}.pt"
