@@ -106,6 +106,27 @@ def test_sampler_output_depends_on_the_seed_only(tiny, tiny_store):
     assert not torch.allclose(mean3, first, atol=1e-4)
 
 
+def test_the_untrained_refiner_returns_the_draft_without_running(tiny, tiny_store, monkeypatch):
+    """The shortcut the guard's shipped start takes: exactly what DDIM would give, no refiner pass."""
+    cfg, stage1 = tiny
+    pipeline = build_pipeline(cfg, stage1_ckpt=stage1).eval()
+    batch = _val_batch(cfg, tiny_store)
+    draft = cfdt_draft(pipeline.cfdt, batch).float().clamp(0, 1)
+    assert pipeline.refiner.predicts_zero()
+    sampled = pipeline.sample(batch, steps=2, seed=0)
+    # What DDIM computes with the zero head (the shortcut switched off): the same bits.
+    monkeypatch.setattr(type(pipeline.refiner), "predicts_zero", lambda self: False)
+    assert torch.equal(pipeline.sample(batch, steps=2, seed=0), sampled)
+    monkeypatch.undo()
+    assert torch.equal(sampled, draft)
+    monkeypatch.setattr(type(pipeline.refiner), "forward", lambda *a, **k: 1 / 0)
+    assert torch.equal(pipeline.samples(batch, steps=2, seeds=[0, 1])[1], draft)
+    monkeypatch.undo()
+    with torch.no_grad():
+        pipeline.refiner.head[-1].bias[0] = 1e-3  # any trained head runs the sampler
+    assert not pipeline.refiner.predicts_zero()
+
+
 def test_a_stage_can_take_its_own_samples_per_epoch(tiny, tiny_store):
     import dataclasses
 

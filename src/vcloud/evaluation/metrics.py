@@ -83,6 +83,21 @@ def _gaussian_window(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return (window / window.sum()).to(dtype=dtype, device=device)  # (K,)
 
 
+def _blur(stack: torch.Tensor, g: torch.Tensor, *, dim: int, pad: int) -> torch.Tensor:
+    """1-D convolution with the window `g` along `dim` (-1 or -2) of (N, H, W), zero padding `pad`.
+
+    A weighted sum of K shifted views: about 3x faster on the CPU than F.conv2d with a
+    one-channel 1-D kernel (which im2col's a huge batch), the same sums up to float rounding.
+    """
+    if pad:
+        stack = F.pad(stack, (pad, pad, 0, 0) if dim == -1 else (0, 0, pad, pad))
+    size = stack.shape[dim] - len(g) + 1
+    out = g[0] * stack.narrow(dim, 0, size)
+    for k in range(1, len(g)):
+        out = out + g[k] * stack.narrow(dim, k, size)
+    return out
+
+
 def ssim(
     pred: torch.Tensor, target: torch.Tensor, *, padding: Literal["zeros", "reflect", "valid"] = "zeros"
 ) -> torch.Tensor:
@@ -98,14 +113,13 @@ def ssim(
     g = _gaussian_window(pred.dtype, pred.device)
     # The 2-D gaussian is the outer product of g with itself: two 1-D passes, zero padding
     # in each, give the same result as UnCRtainTS's single 11x11 convolution.
-    x = pred.reshape(b * c, 1, h, w)
-    y = target.reshape(b * c, 1, h, w)
-    stack = torch.cat([x, y, x * x, y * y, x * y])  # (5*B*C, 1, H, W)
+    x = pred.reshape(b * c, h, w)
+    y = target.reshape(b * c, h, w)
+    stack = torch.cat([x, y, x * x, y * y, x * y])  # (5*B*C, H, W)
     if padding == "reflect":
-        stack = F.pad(stack, (half, half, half, half), mode="reflect")
+        stack = F.pad(stack[:, None], (half, half, half, half), mode="reflect")[:, 0]
     pad = half if padding == "zeros" else 0
-    blurred = F.conv2d(stack, g.view(1, 1, 1, -1), padding=(0, pad))
-    blurred = F.conv2d(blurred, g.view(1, 1, -1, 1), padding=(pad, 0))
+    blurred = _blur(_blur(stack, g, dim=-1, pad=pad), g, dim=-2, pad=pad)
     mu_x, mu_y, xx, yy, xy = blurred.chunk(5)
     var_x = xx - mu_x.square()
     var_y = yy - mu_y.square()

@@ -96,6 +96,12 @@ class Refiner(nn.Module):
         nn.init.zeros_(self.head[-1].weight)  # start as "no correction": the draft passes through
         nn.init.zeros_(self.head[-1].bias)
 
+    def predicts_zero(self) -> bool:
+        """True while the output head is all zero (the untrained refiner, which the guard ships
+        when no epoch beats the draft): then every x0 prediction is exactly 0."""
+        last = self.head[-1]
+        return not bool(last.weight.any()) and not bool(last.bias.any())
+
     def forward(self, r_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         assert r_t.ndim == 4 and r_t.shape[1] == self.channels, (
             f"r_t must be (B, {self.channels}, H, W), got {tuple(r_t.shape)}"
