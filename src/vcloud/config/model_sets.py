@@ -137,10 +137,17 @@ class RefinerConfig:
     # call's seed): their mean estimates the posterior mean, which PSNR rewards; 1 = one sample.
     ensemble: int = 1
     schedule: Literal["cosine", "linear"] = "cosine"  # noise schedule (betas)
+    # Initial noise of each draw times this (1: the model's distribution; below 1: nearer its mode).
+    temperature: float = 1.0
+    # Noise levels trained on: "sampler" = only the sample_steps levels DDIM visits (a few-step
+    # model trains exactly what it samples with); "all" = every one of the timesteps.
+    train_levels: Literal["sampler", "all"] = "sampler"
 
     def __post_init__(self) -> None:
         _check_widths(self)
         _check_positive(self, ("blocks_per_level", "patch", "timesteps", "sample_steps", "ensemble"))
+        if not self.temperature > 0:
+            raise ValueError(f"temperature: {self.temperature} must be > 0")
         if self.sample_steps > self.timesteps:
             raise ValueError(f"sample_steps: {self.sample_steps} exceeds timesteps ({self.timesteps})")
 

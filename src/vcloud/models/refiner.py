@@ -6,7 +6,18 @@ on training samples, so that r has unit variance like the noise it is mixed with
 a small UNet behind a pixel-unshuffle (space-to-depth by `patch`, lossless and 4x cheaper per
 level at patch 2), predicts the clean residual r0 from a noised r_t ("x0 prediction") given the
 condition (`refiner_condition`): the draft, the observed (cloudy) target date, its S1 and its
-cloud probability, all at full resolution.
+cloud probability, all at full resolution, plus the observed date unmixed from its cloud
+(`unmix_cloud`) and the cloud opacity that unmixing implies.
+Unmixing: a cloudy pixel is modelled as ground * (1 - a) + cloud * a (the atmospheric scattering
+model of single-image dehazing, e.g. AOD-Net), with `cloud_spectrum` (a buffer saved with the
+weights) the mean spectrum of the pixels s2cloudless is surest are cloud, measured on training
+samples (the airlight of dehazing, estimated from the data the way He et al. take it from the
+haziest pixels). With the draft standing for the ground, a (one number per pixel) is the
+least-squares fit over the 13 bands, and the unmixed estimate is (observed - cloud * a) / (1 - a):
+under thin cloud it recovers the date itself, which the draft (from the other dates) cannot.
+Where the fit is wrong (shadows, surface change) the refiner learns not to trust it. Its output
+is multiplied by the visibility 1 - a: where the date is not seen (opaque cloud) it corrects
+nothing (measured: without it, the refiner lost 0.75 dB on opaque validation samples).
 Why pixel space: decoding through the stage-0 autoencoder caps the result at the autoencoder's
 quality (measured on the default run: see the README); a pixel residual has no such cap.
 Why residual + x0: the output head starts at zero, so an untrained refiner returns the draft
@@ -29,13 +40,44 @@ from vcloud.constants import OUTPUT_CHANNELS, S1_BANDS
 from vcloud.models.blocks import Downsample, ResBlock, Upsample, output_head, sinusoidal_embedding
 
 S2_BANDS = OUTPUT_CHANNELS  # what diffuses: the S2 residual, (B, 13, H, W)
-CONDITION_CHANNELS = 2 * S2_BANDS + len(S1_BANDS) + 1  # draft, observed target date, its S1 VV/VH, cloud probability
+# draft, observed target date, its S1 VV/VH, cloud probability, the unmixed residual, the opacity
+CONDITION_CHANNELS = 3 * S2_BANDS + len(S1_BANDS) + 2
+OPACITY_CHANNEL = CONDITION_CHANNELS - 1  # the last: what gates the refiner's correction
+MAX_OPACITY = 0.95  # beyond it 1 / (1 - a) amplifies noise more than it recovers ground
+
+
+def unmix_cloud(
+    observed: torch.Tensor, draft: torch.Tensor, spectrum: torch.Tensor, *, max_opacity: float = MAX_OPACITY
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Invert observed = ground * (1 - a) + spectrum * a with the draft as the ground's estimate.
+
+    observed, draft (B, 13, H, W) in 0..1; spectrum (13,) -> (estimate (B, 13, H, W) in 0..1,
+    opacity a (B, 1, H, W) in 0..max_opacity). a is the least-squares projection of
+    observed - draft on spectrum - draft over the bands.
+    """
+    cloud = spectrum.to(draft.dtype).view(1, -1, 1, 1)
+    towards = cloud - draft  # (B, 13, H, W)
+    norm = (towards * towards).sum(1, keepdim=True).clamp(min=1e-4)
+    opacity = ((observed - draft) * towards).sum(1, keepdim=True).div(norm).clamp(0.0, max_opacity)
+    estimate = ((observed - cloud * opacity) / (1 - opacity)).clamp(0.0, 1.0)
+    return estimate, opacity
 
 
 def refiner_condition(
-    draft: torch.Tensor, observed: torch.Tensor, s1: torch.Tensor, cloud_prob: torch.Tensor
+    draft: torch.Tensor,
+    observed: torch.Tensor,
+    s1: torch.Tensor,
+    cloud_prob: torch.Tensor,
+    *,
+    spectrum: torch.Tensor,
+    scale: torch.Tensor,
 ) -> torch.Tensor:
-    """(B, 13, H, W) x2, (B, 2, H, W), (B, 1, H, W) or (B, H, W) -> cond (B, 29, H, W)."""
+    """(B, 13, H, W) x2, (B, 2, H, W), (B, 1, H, W) or (B, H, W) -> cond (B, 43, H, W).
+
+    spectrum (13,): the cloud's spectrum (Refiner.cloud_spectrum); scale (13,): the residual's
+    std (Refiner.residual_scale), which the unmixed estimate's residual is divided by, like the
+    residual that diffuses.
+    """
     if cloud_prob.ndim == 3:
         cloud_prob = cloud_prob[:, None]
     assert draft.shape == observed.shape and draft.shape[1] == S2_BANDS, (
@@ -47,8 +89,10 @@ def refiner_condition(
     assert cloud_prob.shape == (draft.shape[0], 1, *draft.shape[-2:]), (
         f"cloud_prob must be (B, 1, H, W) like the draft {tuple(draft.shape)}, got {tuple(cloud_prob.shape)}"
     )
-    parts = (draft, observed, s1, cloud_prob)
-    return torch.cat([p.to(draft.dtype) for p in parts], dim=1)  # (B, 29, H, W)
+    estimate, opacity = unmix_cloud(observed.to(draft.dtype), draft, spectrum)
+    unmixed = (estimate - draft) / scale.to(draft.dtype).view(1, -1, 1, 1)
+    parts = (draft, observed, s1, cloud_prob, unmixed, opacity)
+    return torch.cat([p.to(draft.dtype) for p in parts], dim=1)  # (B, 43, H, W)
 
 
 class Refiner(nn.Module):
@@ -56,6 +100,8 @@ class Refiner(nn.Module):
 
     `residual_scale` (C,) is the per-band std of the residual it was trained on: the caller
     divides the residual by it before diffusion and multiplies the sample by it afterwards.
+    `cloud_spectrum` (C,) is the cloud's spectrum the condition unmixes with. The prediction is
+    multiplied by the visibility 1 - cond's opacity (the last condition channel).
     """
 
     def __init__(
@@ -69,9 +115,12 @@ class Refiner(nn.Module):
         self.timesteps = cfg.timesteps
         self.schedule_kind = cfg.schedule  # "cosine" or "linear", for DiffusionSchedule
         self.sample_steps = cfg.sample_steps
+        self.temperature = cfg.temperature
+        self.train_levels = cfg.train_levels
         self.downsample = cfg.patch * 2 ** (len(widths) - 1)  # input sizes must be multiples
         self.time_dim = widths[0]
         self.register_buffer("residual_scale", torch.ones(channels))
+        self.register_buffer("cloud_spectrum", torch.full((channels,), 0.5))  # fitted before training
         emb = 4 * widths[0]
         self.time_mlp = nn.Sequential(nn.Linear(widths[0], emb), nn.SiLU(), nn.Linear(emb, emb))
         self.stem = nn.Conv2d((channels + cond_channels) * cfg.patch**2, widths[0], 3, padding=1)
@@ -129,7 +178,8 @@ class Refiner(nn.Module):
             for block in blocks:
                 h = block(h, emb)
             h = upsample(h)
-        return F.pixel_shuffle(self.head(h), self.patch)  # (B, C, H, W)
+        visibility = 1 - cond[:, OPACITY_CHANNEL : OPACITY_CHANNEL + 1].to(h.dtype)  # (B, 1, H, W)
+        return F.pixel_shuffle(self.head(h), self.patch) * visibility  # (B, C, H, W)
 
 
 class DiffusionSchedule:
@@ -178,15 +228,19 @@ class DiffusionSchedule:
         generator: torch.Generator | None,
         shape: tuple[int, ...],
         clip: float | None = None,
+        temperature: float = 1.0,
     ) -> torch.Tensor:
         """Deterministic DDIM (eta = 0) from noise drawn with `generator` -> z0 of `shape`.
 
         The model predicts z0; the implied noise is (z_t - sqrt(abar) z0) / sqrt(1 - abar).
         `clip` bounds each step's z0 estimate to [-clip, clip]; None: no clipping.
+        `temperature` scales the initial noise (1: the model's distribution; below 1: draws
+        nearer its mode, the usual trade of diversity for fidelity; still one draw per seed).
         """
         assert shape[0] == cond.shape[0], f"shape {tuple(shape)} and cond {tuple(cond.shape)} differ in batch"
+        assert temperature > 0, f"temperature must be > 0, got {temperature}"
         device = generator.device if generator is not None else cond.device
-        z = torch.randn(shape, generator=generator, device=device, dtype=torch.float32).to(cond.device)
+        z = torch.randn(shape, generator=generator, device=device, dtype=torch.float32).to(cond.device) * temperature
         levels = self.sampling_timesteps(steps)
         for index, level in enumerate(levels):
             t = torch.full((shape[0],), level, device=cond.device, dtype=torch.long)
@@ -211,8 +265,14 @@ def ddim_sample(
     shape: tuple[int, ...],
     schedule: DiffusionSchedule | None = None,
     clip: float | None = None,
+    temperature: float | None = None,
 ) -> torch.Tensor:
-    """DDIM sampling with the model's schedule (Refiner.timesteps, .schedule_kind) unless given."""
+    """DDIM sampling with the model's schedule (Refiner.timesteps, .schedule_kind) and sampling
+    temperature (Refiner.temperature) unless given."""
     if schedule is None:
         schedule = DiffusionSchedule(model.timesteps, kind=model.schedule_kind)
-    return schedule.ddim_sample(model, cond, steps=steps, generator=generator, shape=shape, clip=clip)
+    if temperature is None:
+        temperature = getattr(model, "temperature", 1.0)
+    return schedule.ddim_sample(
+        model, cond, steps=steps, generator=generator, shape=shape, clip=clip, temperature=temperature
+    )
