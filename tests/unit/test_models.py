@@ -12,7 +12,15 @@ import torch
 from vcloud.config import Optimisations, load_model_config
 from vcloud.models.autoencoder import Autoencoder
 from vcloud.models.cfdt import CFDT
-from vcloud.models.refiner import DiffusionSchedule, Refiner, ddim_sample, refiner_condition
+from vcloud.models.refiner import (
+    CONDITION_CHANNELS,
+    OPACITY_CHANNEL,
+    DiffusionSchedule,
+    Refiner,
+    ddim_sample,
+    refiner_condition,
+    unmix_cloud,
+)
 from vcloud.wind.scan_orders import compute_cache
 
 ROOT = Path(__file__).parents[2]
@@ -90,12 +98,16 @@ def test_refiner_shapes_and_condition(small):
     draft, observed = torch.rand(B, 13, SIZE, SIZE), torch.rand(B, 13, SIZE, SIZE)
     s1 = torch.full((B, 2, SIZE, SIZE), 0.25)
     cloud = torch.rand(B, SIZE, SIZE)
-    cond = refiner_condition(draft, observed, s1, cloud)
-    assert cond.shape == (B, 29, SIZE, SIZE)
+    spectrum, scale = torch.full((13,), 0.5), torch.full((13,), 0.02)
+    cond = refiner_condition(draft, observed, s1, cloud, spectrum=spectrum, scale=scale)
+    assert cond.shape == (B, CONDITION_CHANNELS, SIZE, SIZE) == (B, 43, SIZE, SIZE)
     torch.testing.assert_close(cond[:, :13], draft)
     torch.testing.assert_close(cond[:, 13:26], observed)
     torch.testing.assert_close(cond[:, 26:28], s1)
     torch.testing.assert_close(cond[:, 28], cloud)
+    estimate, opacity = unmix_cloud(observed, draft, spectrum)
+    torch.testing.assert_close(cond[:, 29:42], (estimate - draft) / 0.02)  # in residual units
+    torch.testing.assert_close(cond[:, OPACITY_CHANNEL : OPACITY_CHANNEL + 1], opacity)
     r0 = model(torch.randn(B, 13, SIZE, SIZE), torch.tensor([0, 999]), cond)
     assert r0.shape == (B, 13, SIZE, SIZE)
     with pytest.raises(AssertionError, match="multiple of 4"):  # patch 2 x one downsampling
@@ -137,8 +149,9 @@ def outputs_of_every_model(small, *, autocast: bool = False):
     torch.nn.init.normal_(refiner.head[-1].weight, std=0.05)  # past the zero start: gradients everywhere
     z = torch.randn(B, 13, 16, 16)
     cond = refiner_condition(
-        torch.rand(B, 13, 16, 16), torch.rand(B, 13, 16, 16), torch.rand(B, 2, 16, 16), torch.rand(B, 1, 16, 16)
-    )
+        torch.rand(B, 13, 16, 16), torch.rand(B, 13, 16, 16), torch.rand(B, 2, 16, 16), torch.rand(B, 1, 16, 16),
+        spectrum=torch.full((13,), 0.5), scale=torch.full((13,), 0.02),
+    )  # fmt: skip
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         yield "autoencoder", autoencoder, autoencoder(x[:, 0, :13])
         yield "cfdt", cfdt, cfdt(x, days, target_index, torch.tensor([3, -1]))
@@ -279,7 +292,7 @@ def test_q_sample_and_schedules():
 
 def test_untrained_refiner_predicts_no_correction(small):
     model = make_refiner(small).eval()
-    cond = torch.rand(B, 29, 16, 16)
+    cond = torch.rand(B, CONDITION_CHANNELS, 16, 16)
     out = ddim_sample(model, cond, steps=4, generator=torch.Generator().manual_seed(0), shape=(B, 13, 16, 16))
     assert torch.equal(out, torch.zeros_like(out))  # the stage-1 draft passes through unchanged
 
@@ -287,23 +300,57 @@ def test_untrained_refiner_predicts_no_correction(small):
 def test_ddim_sampling_is_deterministic_per_seed(small):
     model = make_refiner(small).eval()
     torch.nn.init.normal_(model.head[-1].weight, std=0.05)  # as after some training
-    cond = torch.rand(B, 29, 16, 16, generator=torch.Generator().manual_seed(0))
+    cond = torch.rand(B, CONDITION_CHANNELS, 16, 16, generator=torch.Generator().manual_seed(0))
+    cond[:, OPACITY_CHANNEL] = 0.0  # the date fully seen: the correction is not gated
     shape = (B, 13, 16, 16)
 
-    def sample(seed: int) -> torch.Tensor:
+    def sample(seed: int, temperature: float | None = None) -> torch.Tensor:
         return ddim_sample(
-            model,
-            cond,
-            steps=4,
-            generator=torch.Generator().manual_seed(seed),
-            shape=shape,
-            clip=5.0,
-        )
+            model, cond, steps=4, generator=torch.Generator().manual_seed(seed), shape=shape, clip=5.0,
+            temperature=temperature,
+        )  # fmt: skip
 
     first, again, other = sample(0), sample(0), sample(1)
     assert first.shape == shape and torch.isfinite(first).all()
     assert torch.equal(first, again)
     assert (first - other).abs().mean() > 1e-3
+    # a lower temperature draws nearer the mode: the seeds still differ, by less
+    assert model.temperature == small.stage2.model.temperature < 1
+    assert torch.equal(first, sample(0, model.temperature))
+    hot, hot_other = sample(0, 1.0), sample(1, 1.0)
+    assert 1e-4 < (first - other).abs().mean() < (hot - hot_other).abs().mean()
+
+
+def test_unmixing_inverts_the_cloud_blend():
+    """observed = ground * (1 - a) + spectrum * a: with the ground as the draft, unmixing gives a
+    and the ground back; past MAX_OPACITY it stops (the ground is not recovered, not blown up)."""
+    g = torch.Generator().manual_seed(3)
+    ground = 0.05 + 0.3 * torch.rand(2, 13, 8, 8, generator=g)
+    spectrum = 0.2 + 0.4 * torch.rand(13, generator=g)
+    a = torch.tensor([0.0, 0.3, 0.6, 0.9]).repeat_interleave(2).view(1, 1, 1, 8).expand(2, 1, 8, 8)
+    observed = ground * (1 - a) + spectrum.view(1, -1, 1, 1) * a
+    estimate, opacity = unmix_cloud(observed, ground, spectrum)
+    torch.testing.assert_close(opacity, a, atol=1e-5, rtol=0)
+    torch.testing.assert_close(estimate, ground, atol=1e-4, rtol=0)
+    # a draft that is off: the observed date still pulls the estimate to the truth under haze
+    off = (ground + 0.05).clamp(0, 1)
+    estimate, _ = unmix_cloud(observed, off, spectrum)
+    thin = a[:, :, :, :4].expand(2, 13, 8, 4) < 0.5
+    assert (estimate[..., :4] - ground[..., :4]).abs()[thin].mean() < (off - ground)[..., :4].abs()[thin].mean() / 2
+    opaque = ground * 0.02 + spectrum.view(1, -1, 1, 1) * 0.98
+    assert unmix_cloud(opaque, ground, spectrum)[1].max() == pytest.approx(0.95)
+
+
+def test_the_correction_is_gated_by_visibility(small):
+    model = make_refiner(small).eval()
+    torch.nn.init.normal_(model.head[-1].weight, std=0.05)
+    torch.nn.init.normal_(model.head[-1].bias, std=0.05)
+    cond = torch.rand(B, CONDITION_CHANNELS, 16, 16, generator=torch.Generator().manual_seed(0))
+    cond[:, OPACITY_CHANNEL] = 0.0
+    cond[:, OPACITY_CHANNEL, :8] = 1.0  # top half not seen at all
+    out = model(torch.randn(B, 13, 16, 16), torch.tensor([999, 333]), cond)
+    assert torch.equal(out[:, :, :8], torch.zeros_like(out[:, :, :8]))
+    assert out[:, :, 8:].abs().min() > 0
 
 
 def test_wind_cfdt_on_a_crop_mixes_along_the_window_orders(small):

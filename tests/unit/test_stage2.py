@@ -139,20 +139,67 @@ def test_a_stage_can_take_its_own_samples_per_epoch(tiny, tiny_store):
     assert len(stage2(cfg, train=tiny_store, val=tiny_store, stage1_ckpt=stage1).train_set) == 5
 
 
-def test_residual_scale_is_the_residual_std_per_band(tiny, tiny_store):
+def test_residual_scale_and_cloud_spectrum_are_measured_on_the_samples(tiny, tiny_store):
     cfg, stage1 = tiny
     pipeline = build_pipeline(cfg, stage1_ckpt=stage1)
     samples = CloudySamples(tiny_store, dates=cfg.data.input_dates, length=3, seed=1, clear_max_cover=1.01,
                             kinds=("thin", "opaque"))  # fmt: skip
-    scale = fit_residual_scale(pipeline, samples, device="cpu")
-    residuals = []
+    scale, spectrum = fit_residual_scale(pipeline, samples, device="cpu")
+    residuals, cloudy = [], []
     for i in range(3):
         batch = {k: v[None] for k, v in samples[i].items()}
         residuals.append(batch["target"] - cfdt_draft(pipeline.cfdt, batch))
+        x = batch["x"][0].double()  # (T, 16, H, W)
+        cloudy.append(x[:, :13].permute(1, 0, 2, 3)[:, x[:, 15] >= 0.9])  # (13, N_i)
     residual = torch.cat(residuals).double()  # (3, 13, H, W)
     expected = residual.transpose(0, 1).reshape(13, -1).std(dim=1, unbiased=False)
     torch.testing.assert_close(scale.double(), expected.clamp(min=1e-3), rtol=1e-4, atol=1e-6)
+    pixels = torch.cat(cloudy, dim=1)
+    assert pixels.shape[1] > 100  # the opaque sample's cloud at least
+    torch.testing.assert_close(spectrum.double(), pixels.mean(dim=1), rtol=1e-5, atol=1e-6)
     assert torch.equal(pipeline.state_dict()["residual_scale"], scale)  # saved with the weights
+    assert torch.equal(pipeline.state_dict()["cloud_spectrum"], spectrum)
+
+
+def test_the_loss_weighs_every_sample_alike(tiny, tiny_store):
+    """Each sample's error is divided by that of "no correction": the untrained refiner scores
+    exactly 1 whatever the residuals' sizes, and a correction that halves one sample's residual
+    counts the same whether that sample's residual is large or small."""
+    cfg, stage1 = tiny
+    pipeline = build_pipeline(cfg, stage1_ckpt=stage1)
+    batch = _val_batch(cfg, tiny_store)
+    draft, _ = pipeline.condition(batch)
+    big = dict(batch, target=draft + 10 * (batch["target"] - draft))  # 10x the residual of sample 0
+    big["target"][1] = batch["target"][1]
+    for b in (batch, big):
+        assert pipeline(b).item() == pytest.approx(1.0, abs=1e-6)
+
+    class Halve(nn.Module):  # predicts half of the true normalised residual
+        def __init__(self, r0):
+            super().__init__()
+            self.r0 = r0
+
+        def forward(self, r_t, t, cond):
+            return self.r0 / 2
+
+    for b in (batch, big):
+        r0 = (b["target"].float() - draft) / pipeline._scale()
+        pipeline.refiner.forward = Halve(r0).forward
+        assert pipeline(b).item() == pytest.approx(0.25, rel=1e-5)
+
+
+def test_training_visits_the_sampler_levels(tiny):
+    import dataclasses
+
+    cfg, stage1 = tiny
+    pipeline = build_pipeline(cfg, stage1_ckpt=stage1)
+    levels = set(pipeline.schedule.sampling_timesteps(cfg.stage2.model.sample_steps))
+    torch.manual_seed(0)
+    assert set(pipeline.training_levels(200, "cpu").tolist()) == levels
+    m = dataclasses.replace(cfg.stage2.model, train_levels="all")
+    pipeline = build_pipeline(dataclasses.replace(cfg, stage2=dataclasses.replace(cfg.stage2, model=m)),
+                              stage1_ckpt=stage1)  # fmt: skip
+    assert len(set(pipeline.training_levels(200, "cpu").tolist()) - levels) > cfg.stage2.model.timesteps // 2
 
 
 # --- the trainer's initial validation, on a toy task --------------------------------------------

@@ -25,16 +25,18 @@ def autoencoder(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
 
 
 def draft(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
-    """Stage 1 and the stage-3 student: the CFDT's draft of the target date."""
+    """Stage 1: the CFDT's draft of the target date."""
     ((stage, path),) = checkpoints.items()
     cfdt = install_wind_orders(load_frozen(CFDT(cfg.stage1.model), path, stage=stage), wind)
     return lambda batch: cfdt_draft(cfdt, batch)
 
 
 def refined(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
-    """Stage 2: the stage-1 draft plus the mean of `stage2.model.ensemble` few-step DDIM samples
-    of its pixel residual, all drawn from EVAL_SEED."""
-    pipeline = build_pipeline(cfg, stage1_ckpt=checkpoints[1], wind=wind)
+    """Stages 2 and 3: a CFDT draft (stage 1's, or the stage-3 student's) plus the mean of
+    `stage2.model.ensemble` few-step DDIM samples of its pixel residual from the stage-2 refiner,
+    all drawn from EVAL_SEED."""
+    (draft_stage,) = sorted(set(checkpoints) - {2})  # 1 or 3
+    pipeline = build_pipeline(cfg, stage1_ckpt=checkpoints[draft_stage], wind=wind, draft_stage=draft_stage)
     pipeline.load_state_dict(load_frozen_state(checkpoints[2], stage=2))
     pipeline.eval()
     return lambda batch: pipeline.sample(batch, steps=cfg.stage2.model.sample_steps, seed=EVAL_SEED)

@@ -279,9 +279,14 @@ class RefinerPipeline(nn.Module):
         return self._refine(draft, cond, steps=steps, seed=seed, draws=draws).mean(0)
 
 
-def build_pipeline(cfg: ModelSetConfig, *, stage1_ckpt: Path, wind: WindCache | None = None) -> RefinerPipeline:
-    """Stage 1 (frozen) + a fresh refiner (pixel space: stage 0 is not part of it)."""
-    cfdt = install_wind_orders(load_frozen(CFDT(cfg.stage1.model), stage1_ckpt, stage=1), wind)
+def build_pipeline(
+    cfg: ModelSetConfig, *, stage1_ckpt: Path, wind: WindCache | None = None, draft_stage: int = 1
+) -> RefinerPipeline:
+    """Stage 1 (frozen) + a fresh refiner (pixel space: stage 0 is not part of it).
+
+    draft_stage 3: `stage1_ckpt` is the stage-3 student's best.pt (a CFDT of the same shape).
+    """
+    cfdt = install_wind_orders(load_frozen(CFDT(cfg.stage1.model), stage1_ckpt, stage=draft_stage), wind)
     m = cfg.stage2.model
     return RefinerPipeline(cfdt, Refiner(m), timesteps=m.timesteps, schedule=m.schedule, ensemble=m.ensemble)
 
