@@ -271,3 +271,27 @@ def test_a_stop_inside_epoch_0_resumes_with_the_initial_validation(tiny_store, t
     assert whole["epoch"] == cut["epoch"]
     for key, value in whole["model"].items():
         assert torch.equal(value, cut["model"][key]), key
+
+
+def test_stage3_starts_from_stage2_exactly(tiny, tiny_store, tmp_path):
+    """Stage 3 is validated as it predicts (the student's draft through the stage-2 refiner): its
+    untrained start (the stage-1 weights) scores exactly what stage 2's validation gives, so the
+    guard makes stage 2 the value to beat and stage 3 never ships worse."""
+    from vcloud.train.checkpoint import checkpoint_meta, save_checkpoint
+    from vcloud.train.stages import stage3
+
+    cfg, stage1 = tiny
+    pipeline = build_pipeline(cfg, stage1_ckpt=stage1)
+    torch.manual_seed(1)
+    torch.nn.init.normal_(pipeline.refiner.head[-1].weight, std=0.05)  # a refiner that corrects
+    stage2_ckpt = tmp_path / "stage2.pt"
+    save_checkpoint(stage2_ckpt, {**checkpoint_meta(stage=2, config_hash="t"), "model": pipeline.state_dict()})
+    task = stage3(cfg, train=tiny_store, val=tiny_store, stage1_ckpt=stage1, stage2_ckpt=stage2_ckpt, device="cpu")
+    assert task.validate_initial
+    batch = _val_batch(cfg, tiny_store)
+    scores = task.validate(task.model, batch)
+    stage2_task = stage2(cfg, train=tiny_store, val=tiny_store, stage1_ckpt=stage1)
+    stage2_task.model.load_state_dict(ckpt.load_checkpoint(stage2_ckpt)["model"])
+    torch.testing.assert_close(scores["psnr"], stage2_task.validate(stage2_task.model, batch)["psnr"])
+    draft_only = compute_all(cfdt_draft(pipeline.cfdt, batch).float().clamp(0, 1), batch["target"].float())
+    assert not torch.allclose(scores["psnr"], draft_only["psnr"])  # the refiner is in the score

@@ -15,7 +15,9 @@
   (mean |difference| <= max_seed_spread) and it matches the pixels the cloud mask calls clear
   (mean |error| <= max_visible_error). The student (stage-1 weights) is fine-tuned on the
   labelled samples plus the kept pseudo-labels. The rule is also applied to validation samples
-  (truth known): pseudo_labels.json reports the kept and rejected groups' PSNR.
+  (truth known): pseudo_labels.json reports the kept and rejected groups' PSNR. Stage 3 predicts,
+  and is validated, as the student's draft refined by the stage-2 refiner; validated before
+  training too (the start is stage 2 exactly), so stage 3 never ships worse than stage 2.
 """
 
 from __future__ import annotations
@@ -209,9 +211,12 @@ class RefinerPipeline(nn.Module):
         return self
 
     @torch.no_grad()
-    def condition(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """(draft (B, 13, H, W) float32, refiner condition (B, 43, H, W)) for a batch."""
-        draft = cfdt_draft(self.cfdt, batch).float()
+    def condition(self, batch: dict, draft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(draft (B, 13, H, W) float32, refiner condition (B, 43, H, W)) for a batch; the draft
+        is the frozen CFDT's unless given (stage 3 refines its student's)."""
+        if draft is None:
+            draft = cfdt_draft(self.cfdt, batch)
+        draft = draft.float()
         cond = refiner_condition(
             draft, observed_target(batch), batch["target_s1"], batch["target_prob"],
             spectrum=self.refiner.cloud_spectrum, scale=self.refiner.residual_scale,
@@ -254,7 +259,7 @@ class RefinerPipeline(nn.Module):
             return draft.clamp(0, 1).expand(draws, *draft.shape).clone()
         generator = torch.Generator(device=cond.device).manual_seed(int(seed))
         shape = (draws * draft.shape[0], *draft.shape[1:])
-        cond = cond.repeat(draws, 1, 1, 1)  # (draws * B, 29, H, W): draw-major like the noise
+        cond = cond.repeat(draws, 1, 1, 1)  # (draws * B, 43, H, W): draw-major like the noise
         residual = ddim_sample(
             self.refiner, cond, steps=steps, generator=generator, shape=shape, schedule=self.schedule
         )
@@ -272,9 +277,12 @@ class RefinerPipeline(nn.Module):
         return torch.cat([self._refine(draft, cond, steps=steps, seed=s, draws=1) for s in seeds])
 
     @torch.no_grad()
-    def sample(self, batch: dict, *, steps: int, seed: int, ensemble: int | None = None) -> torch.Tensor:
-        """The refined S2 (B, 13, H, W): the mean of `ensemble` samples (the config's by default)."""
-        draft, cond = self.condition(batch)
+    def sample(
+        self, batch: dict, *, steps: int, seed: int, ensemble: int | None = None, draft: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The refined S2 (B, 13, H, W): the mean of `ensemble` samples (the config's by default)
+        around the frozen CFDT's draft, or around `draft` (B, 13, H, W) when given."""
+        draft, cond = self.condition(batch, draft)
         draws = self.ensemble if ensemble is None else ensemble
         return self._refine(draft, cond, steps=steps, seed=seed, draws=draws).mean(0)
 
@@ -479,14 +487,20 @@ def stage3(
     def loss(m, batch):
         return F.l1_loss(cfdt_draft(m, batch), batch["target"])
 
+    steps = cfg.stage2.model.sample_steps
+
     def validate(m, batch):
-        return compute_all(cfdt_draft(m, batch).float().clamp(0, 1), batch["target"].float())
+        # Scored as stage 3 predicts: the student's draft refined by the stage-2 refiner. The
+        # start (stage-1 weights) is then exactly stage 2, which the guard makes the value to beat.
+        teacher = pipeline.to(batch["x"].device).eval()
+        refined = teacher.sample(batch, steps=steps, seed=VAL_SEED, draft=cfdt_draft(m, batch))
+        return compute_all(refined.float(), batch["target"].float())
 
     return _on_device(StageTask(
         stage=3, model=student, train_set=train_set,
         val_set=_cloudy(cfg, val, train=False, stage_epochs=1, device=device),
         loss=loss, validate=validate,
-        validate_initial=True,  # the stage-1 start is a candidate: fine-tuning never ships worse
+        validate_initial=True,  # the stage-1 start (= stage 2) is a candidate: never ships worse
         summary={"pseudo_labels_scored": len(scored), "pseudo_labels_kept": len(kept),
                  "pseudo_labels_rejected": len(scored) - len(kept), "pseudo_label_check": check},
         artifacts={"pseudo_labels": {
