@@ -306,7 +306,9 @@ CLOUD_MIN_PROB = 0.9  # pixels s2cloudless gives at least this probability: the 
 
 
 @torch.no_grad()
-def fit_residual_scale(pipeline: RefinerPipeline, samples: Dataset, *, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+def fit_residual_scale(
+    pipeline: RefinerPipeline, samples: Dataset, *, device: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """What the refiner's condition is scaled and unmixed with, from `samples`, stored in the
     refiner: (residual_scale (13,), the per-band std of target - draft; cloud_spectrum (13,), the
     mean S2 of every input pixel, any date, with cloud probability >= CLOUD_MIN_PROB).
