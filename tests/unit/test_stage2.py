@@ -20,7 +20,7 @@ from vcloud.evaluation.metrics import compute_all
 from vcloud.models.cfdt import CFDT
 from vcloud.train import checkpoint as ckpt
 from vcloud.train.distributed import DistEnv
-from vcloud.train.stages import build_pipeline, cfdt_draft, fit_residual_scale, stage2
+from vcloud.train.stages import build_pipeline, cfdt_draft, fit_refiner_statistics, stage2
 from vcloud.train.trainer import StageTask, Trainer
 
 ROOT = Path(__file__).parents[2]
@@ -144,7 +144,7 @@ def test_residual_scale_and_cloud_spectrum_are_measured_on_the_samples(tiny, tin
     pipeline = build_pipeline(cfg, stage1_ckpt=stage1)
     samples = CloudySamples(tiny_store, dates=cfg.data.input_dates, length=3, seed=1, clear_max_cover=1.01,
                             kinds=("thin", "opaque"))  # fmt: skip
-    scale, spectrum = fit_residual_scale(pipeline, samples, device="cpu")
+    scale, spectrum = fit_refiner_statistics(pipeline, samples, device="cpu")
     residuals, cloudy = [], []
     for i in range(3):
         batch = {k: v[None] for k, v in samples[i].items()}

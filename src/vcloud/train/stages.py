@@ -306,7 +306,7 @@ CLOUD_MIN_PROB = 0.9  # pixels s2cloudless gives at least this probability: the 
 
 
 @torch.no_grad()
-def fit_residual_scale(
+def fit_refiner_statistics(
     pipeline: RefinerPipeline, samples: Dataset, *, device: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """What the refiner's condition is scaled and unmixed with, from `samples`, stored in the
@@ -345,7 +345,7 @@ def stage2(
         train, dates=d.input_dates, length=RESIDUAL_SCALE_SAMPLES, seed=cfg.stage2.train.seed, crop=d.crop,
         clear_max_cover=d.clear_target_max_cover, kinds=EVAL_KINDS, raw=True, detect=detect_on(device),
     )  # fmt: skip
-    scale, spectrum = fit_residual_scale(pipeline, scale_samples, device=device)
+    scale, spectrum = fit_refiner_statistics(pipeline, scale_samples, device=device)
     pipeline.to("cpu")  # the trainer moves it where it trains
     log.info("stage 2: residual std per band %s; cloud spectrum %s",
              [round(float(v), 4) for v in scale], [round(float(v), 3) for v in spectrum])  # fmt: skip
@@ -494,8 +494,9 @@ def stage3(
     def validate(m, batch):
         # Scored as stage 3 predicts: the student's draft refined by the stage-2 refiner. The
         # start (stage-1 weights) is then exactly stage 2, which the guard makes the value to beat.
-        teacher = pipeline.to(batch["x"].device).eval()
-        refined = teacher.sample(batch, steps=steps, seed=VAL_SEED, draft=cfdt_draft(m, batch))
+        # Only the refiner goes to the device: the teacher's frozen stage-1 CFDT is not used here.
+        pipeline.refiner.to(batch["x"].device).eval()
+        refined = pipeline.sample(batch, steps=steps, seed=VAL_SEED, draft=cfdt_draft(m, batch))
         return compute_all(refined.float(), batch["target"].float())
 
     return _on_device(StageTask(
