@@ -386,3 +386,18 @@ def test_evaluate_survives_the_wall_time_warning(tmp_path):
     )
     assert out.returncode == 0 and out.stdout.strip() == "still running", out.stderr
     assert "SIGUSR1 (the wall time ends soon)" in out.stderr
+
+
+def test_cpu_budget_reads_the_rules_threads_else_the_bound_cpus():
+    assert runtime_env.cpu_budget({"OMP_NUM_THREADS": "3"}) == 3
+    assert runtime_env.cpu_budget({}) == len(os.sched_getaffinity(0))
+    assert runtime_env.cpu_budget({"OMP_NUM_THREADS": "0"}) == len(os.sched_getaffinity(0))
+    with pytest.raises(ConfigError, match="OMP_NUM_THREADS='two'"):
+        runtime_env.cpu_budget({"OMP_NUM_THREADS": "two"})
+
+
+def test_the_step_gets_the_cores_its_dataloader_workers_leave():
+    assert runtime_env.step_threads(1, {"OMP_NUM_THREADS": "2"}) == 1  # the default: 2 cores, 1 worker
+    assert runtime_env.step_threads(0, {"OMP_NUM_THREADS": "2"}) == 2
+    assert runtime_env.step_threads(7, {"OMP_NUM_THREADS": "7"}) == 1  # never none
+    assert runtime_env.step_threads(2, {"OMP_NUM_THREADS": "8"}) == 6

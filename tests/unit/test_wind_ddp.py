@@ -5,6 +5,7 @@ with a wind-scanning CFDT, as the seeds' 400-GPU LUMI job did with the precomput
 """
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -132,3 +133,27 @@ def test_single_process_recomputes_only_when_the_config_allows(setup, tmp_path, 
     assert main(args) == 0
     assert "computing scan orders in memory" in caplog.text
     assert not (tmp_path / "missing.npz").exists()
+
+
+def test_a_cpu_run_leaves_its_dataloader_workers_their_cores(setup, tmp_path, monkeypatch, caplog):
+    """3 rule threads and 1 worker: the step runs on 2 threads (3 would oversubscribe the job)."""
+    from vcloud.cli import main
+
+    store, config = setup
+    models = yaml.safe_load(config.read_text())
+    models["data"]["num_workers"] = 1
+    (tmp_path / "one_worker.yaml").write_text(yaml.safe_dump(models))
+    cache = tmp_path / "scan_orders.npz"
+    write_cache(cache, grid_h=GRID, grid_w=GRID, sectors=4)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    caplog.set_level(logging.INFO, logger="vcloud.train.run")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # not what the run should pick
+    try:
+        code = main(["train", "--stage", "1", "--config", str(tmp_path / "one_worker.yaml"), "--train", str(store),
+                     "--val", str(store), "--out", str(tmp_path / "s1"), "--wind-cache", str(cache)])  # fmt: skip
+        assert code == 0
+        assert torch.get_num_threads() == 2
+        assert "torch threads 2" in caplog.text
+    finally:
+        torch.set_num_threads(threads)

@@ -9,7 +9,7 @@ import torch
 
 from vcloud.config import config_hash, load_model_config, stage_config_dict
 from vcloud.registry import get_stage
-from vcloud.runtime.env import log_gpu_state
+from vcloud.runtime.env import log_gpu_state, step_threads
 from vcloud.train import distributed
 from vcloud.wind.stage_orders import load_wind_orders
 
@@ -41,9 +41,12 @@ def run_training(
         wind = load_wind_orders(cfg, store=train, wind_cache=wind_cache, world_size=env.world_size,
                                 command=f"vcloud train --stage {stage}")  # fmt: skip
     device = distributed.device_for(env)
+    if device == "cpu":
+        # The step and the DataLoader workers share the job's cores instead of oversubscribing them.
+        torch.set_num_threads(step_threads(cfg.data.num_workers))
     distributed.init_process_group(env, device=device)
     try:
-        log.info(distributed.describe(env, device))
+        log.info("%s; torch threads %d", distributed.describe(env, device), torch.get_num_threads())
         log_gpu_state(env.local_rank)
         stage_cfg = getattr(cfg, spec.name)
         torch.manual_seed(stage_cfg.train.seed)  # identical initial weights on every rank
