@@ -191,13 +191,12 @@ def stage_figures(cfg, *, device, size, dates, batch_override, steps, warmup) ->
             figures["stage1"]["predict_one_sample_s"] = timed(
                 lambda: cfdt_draft(cfdt, one), device=device, repeats=max(2, steps // 2)
             )
-    # stage 3's student trains like stage 1 (same model and shapes, its own batch size and lr)
-    cfdt.requires_grad_(True)
-    cfdt.train()
+    # stage 3's student is the refiner: it trains like stage 2 (its own batch size and lr)
+    pipeline.train()
     b, make = batch_of(cfg.stage3)
     figures["stage3"].update({"batch": b, **timed_steps(
-        cfdt, lambda m, x: F.l1_loss(cfdt_draft(m, x), x["target"]), [p for p in cfdt.parameters()], cfg.stage3.train,
-        make, device=device, steps=steps, warmup=warmup)})  # fmt: skip
+        pipeline, lambda m, x: m(x), [p for p in refiner.parameters()], cfg.stage3.train, make,
+        device=device, steps=steps, warmup=warmup)})  # fmt: skip
     for fig in figures.values():
         if "step_s_median" in fig:
             fig["samples_per_s"] = round(fig["batch"] / fig["step_s_median"], 2)

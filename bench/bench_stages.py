@@ -6,7 +6,7 @@
 
 Quality: PSNR/SSIM/SAM/MAE/RMSE on fixed, seeded synthetic clouds (thin, thick, opaque) on
 the clear dates of the test split, for the least-cloudy-date and temporal-median-mosaic
-baselines, the stage-1 draft, the stage-2 refinement and the stage-3 student; stage 0 is an
+baselines, the stage-1 draft, the stage-2 refinement and the stage-3 self-trained refinement; stage 0 is an
 autoencoder and is scored on reconstructing the clear target. Speed: samples/s and the
 fraction of step time spent waiting for data, from each stage's metrics.jsonl (last epoch).
 Prints one JSON object.
@@ -34,7 +34,7 @@ from vcloud.wind.stage_orders import load_wind_orders
 TEST_SEED = 2024
 # What each stage's prediction is called in the output (stage 0 reconstructs the clear target).
 METHOD_NAMES = {0: "stage0_reconstruction_of_clear_target", 1: "stage1_draft", 2: "stage2_refined",
-                3: "stage3_student"}  # fmt: skip
+                3: "stage3_self_trained"}  # fmt: skip
 
 
 def main() -> None:

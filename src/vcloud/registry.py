@@ -85,9 +85,9 @@ STAGES: tuple[Stage, ...] = (
     Stage(2, upstream=(1,), predictor_needs=(1, 2), reads_wind=True,
           builder=f"{_BUILDERS}:stage2", predictor=f"{_PREDICTORS}:refined", needs_device=True,
           viewer_label="stage 2 refined"),
-    # stage 3: self-trained CFDT student (teacher: stages 1-2); predicts as the student's draft
-    # refined by the stage-2 refiner (the refiner corrects any draft of the same kind)
-    Stage(3, upstream=(1, 2), predictor_needs=(2, 3), reads_wind=True,
+    # stage 3: self-training (teacher: stages 1-2); the student is the stage-2 refiner, fine-tuned
+    # on labelled + pseudo-labelled samples; predicts as the stage-1 draft refined by it
+    Stage(3, upstream=(1, 2), predictor_needs=(1, 3), reads_wind=True,
           builder=f"{_BUILDERS}:stage3", predictor=f"{_PREDICTORS}:refined", needs_device=True,
           viewer_label="stage 3 output"),
 )  # fmt: skip

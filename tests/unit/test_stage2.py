@@ -17,6 +17,7 @@ from vcloud.config import DataConfig, TrainConfig, load_model_config
 from vcloud.data.samples import ClearImages, CloudySamples, finish_batch
 from vcloud.errors import StopRequested
 from vcloud.evaluation.metrics import compute_all
+from vcloud.evaluation.protocols import EVAL_SEED
 from vcloud.models.cfdt import CFDT
 from vcloud.train import checkpoint as ckpt
 from vcloud.train.distributed import DistEnv
@@ -274,9 +275,9 @@ def test_a_stop_inside_epoch_0_resumes_with_the_initial_validation(tiny_store, t
 
 
 def test_stage3_starts_from_stage2_exactly(tiny, tiny_store, tmp_path):
-    """Stage 3 is validated as it predicts (the student's draft through the stage-2 refiner): its
-    untrained start (the stage-1 weights) scores exactly what stage 2's validation gives, so the
-    guard makes stage 2 the value to beat and stage 3 never ships worse."""
+    """Stage 3's student is the stage-2 refiner around the same frozen stage-1 draft: its untrained
+    start scores exactly what stage 2's validation gives, so the guard makes stage 2 the value to
+    beat and stage 3 never ships worse. Only the refiner trains, and only it is saved."""
     from vcloud.train.checkpoint import checkpoint_meta, save_checkpoint
     from vcloud.train.stages import stage3
 
@@ -295,3 +296,34 @@ def test_stage3_starts_from_stage2_exactly(tiny, tiny_store, tmp_path):
     torch.testing.assert_close(scores["psnr"], stage2_task.validate(stage2_task.model, batch)["psnr"])
     draft_only = compute_all(cfdt_draft(pipeline.cfdt, batch).float().clamp(0, 1), batch["target"].float())
     assert not torch.allclose(scores["psnr"], draft_only["psnr"])  # the refiner is in the score
+    trainable = {id(p) for p in task.model.parameters() if p.requires_grad}
+    assert trainable == {id(p) for p in task.model.refiner.parameters()}  # the stage-1 CFDT stays frozen
+    assert task.model.state_dict().keys() == pipeline.state_dict().keys()  # a refiner checkpoint
+
+
+def test_stage3_predicts_the_stage1_draft_refined_by_its_own_refiner(tiny, tiny_store, tmp_path):
+    """The stage-3 predictor reads stage 1 (the draft) and stage 3 (the self-trained refiner),
+    not stage 2: a different stage-3 refiner gives a different prediction; a stage-2 file in
+    its place is refused in one line."""
+    from vcloud.errors import BadInputError
+    from vcloud.evaluation.predict import build_predictor
+    from vcloud.train.checkpoint import checkpoint_meta, save_checkpoint
+
+    cfg, stage1 = tiny
+    pipeline = build_pipeline(cfg, stage1_ckpt=stage1)
+    paths = {}
+    for stage, std in ((2, 0.05), (3, 0.08)):
+        torch.manual_seed(stage)
+        torch.nn.init.normal_(pipeline.refiner.head[-1].weight, std=std)
+        paths[stage] = tmp_path / f"stage{stage}.pt"
+        save_checkpoint(paths[stage], {**checkpoint_meta(stage=stage, config_hash="t"), "model": pipeline.state_dict()})
+    batch = _val_batch(cfg, tiny_store)
+    two = build_predictor(2, cfg, {1: stage1, 2: paths[2]}, None)(batch)
+    three = build_predictor(3, cfg, {1: stage1, 3: paths[3]}, None)(batch)
+    assert three.shape == two.shape and not torch.allclose(three, two)
+    pipeline.load_state_dict(ckpt.load_checkpoint(paths[3])["model"])
+    torch.testing.assert_close(
+        three, pipeline.eval().sample(batch, steps=cfg.stage2.model.sample_steps, seed=EVAL_SEED)
+    )
+    with pytest.raises(BadInputError, match="checkpoint of stage 2, expected stage 3"):
+        build_predictor(3, cfg, {1: stage1, 3: paths[2]}, None)

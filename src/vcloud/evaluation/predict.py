@@ -32,12 +32,12 @@ def draft(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
 
 
 def refined(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
-    """Stages 2 and 3: a CFDT draft (stage 1's, or the stage-3 student's) plus the mean of
-    `stage2.model.ensemble` few-step DDIM samples of its pixel residual from the stage-2 refiner,
-    all drawn from EVAL_SEED."""
-    (draft_stage,) = sorted(set(checkpoints) - {2})  # 1 or 3
-    pipeline = build_pipeline(cfg, stage1_ckpt=checkpoints[draft_stage], wind=wind, draft_stage=draft_stage)
-    pipeline.load_state_dict(load_frozen_state(checkpoints[2], stage=2))
+    """Stages 2 and 3: the stage-1 draft plus the mean of `stage2.model.ensemble` few-step DDIM
+    samples of its pixel residual from the stage's refiner (stage 2's, or its self-trained
+    stage-3 fine-tune), all drawn from EVAL_SEED."""
+    (refiner_stage,) = sorted(set(checkpoints) - {1})  # 2 or 3
+    pipeline = build_pipeline(cfg, stage1_ckpt=checkpoints[1], wind=wind)
+    pipeline.load_state_dict(load_frozen_state(checkpoints[refiner_stage], stage=refiner_stage))
     pipeline.eval()
     return lambda batch: pipeline.sample(batch, steps=cfg.stage2.model.sample_steps, seed=EVAL_SEED)
 
