@@ -100,7 +100,7 @@ def test_full_estimate_fits_only_with_the_optimisations():
     every, none = result["scenarios"]["all"], result["scenarios"]["none"]
     assert every["total_bytes"] <= 55e9, every["bytes"]  # the LUMI issue's target
     assert none["total_bytes"] > 64e9 > every["total_bytes"]  # needs them to fit one GCD
-    assert none["peak_bytes"] > 64e9
+    assert none["peak_bytes"] > 50e9  # the split first gate convolution (pair_halves) took it from 66 GB
     assert every["peak_bytes"] <= every["total_bytes"] and none["peak_bytes"] <= none["total_bytes"]
     assert result["cfdt_gb_all_optimisations"] == every["total_gb"]
     assert every["bytes"]["gradients"] == 4 * result["cfdt_params"]
@@ -190,7 +190,7 @@ def test_optimisation_reduces_saved_bytes(small, model, name, bf16, optimisation
 
 
 @pytest.mark.parametrize(
-    "name, before, after, working_set",
+    "name, before, after, working_set, factor",
     [
         # alone (no checkpointing) the encoder graph keeps every date's pyramid anyway, so
         # target_only only helps with grad_checkpoint, in the forward pass (and is seen
@@ -200,17 +200,24 @@ def test_optimisation_reduces_saved_bytes(small, model, name, bf16, optimisation
             Optimisations(grad_checkpoint=True, gate_resolution=16, gate_chunk=5),
             Optimisations(grad_checkpoint=True, gate_resolution=16, gate_chunk=5, target_only_pyramid=True),
             "forward_working_set_bytes",
+            0.9,
         ),
-        ("gate_chunk", BASE, Optimisations(gate_chunk=5), "backward_working_set_bytes"),
+        # alone, since the first pair convolution is split by date (no concatenated pairs kept),
+        # chunks shrink this small model's backward working set by ~2 % (the full config's
+        # total by 13 %: README, memory)
+        ("gate_chunk", BASE, Optimisations(gate_chunk=5), "backward_working_set_bytes", 0.99),
         (
             "gate_chunk with grad_checkpoint",
             Optimisations(grad_checkpoint=True),
             Optimisations(grad_checkpoint=True, gate_chunk=5),
             "backward_working_set_bytes",
+            0.9,
         ),
     ],
 )
-def test_optimisation_keeps_saved_bytes_and_shrinks_the_working_set(small, model, name, before, after, working_set):
+def test_optimisation_keeps_saved_bytes_and_shrinks_the_working_set(
+    small, model, name, before, after, working_set, factor
+):
     batch = real_batch(SIZE)
     model.optimisations = before
     real_before, _ = measured_saved(model, batch, bf16=False)
@@ -219,9 +226,9 @@ def test_optimisation_keeps_saved_bytes_and_shrinks_the_working_set(small, model
     assert real_after == pytest.approx(real_before, rel=0.001), name
     fake = [estimated(small.stage1.model, o, bf16=False, size=SIZE) for o in (before, after)]
     assert fake[1]["saved_for_backward_bytes"] == pytest.approx(fake[0]["saved_for_backward_bytes"], rel=0.001)
-    assert fake[1][working_set] < 0.9 * fake[0][working_set], name
+    assert fake[1][working_set] < factor * fake[0][working_set], name
     real = [traced_real(model, o, batch, bf16=False) for o in (before, after)]
-    assert real[1][working_set] < 0.9 * real[0][working_set], name
+    assert real[1][working_set] < factor * real[0][working_set], name
     assert [r[working_set] for r in real] == [f[working_set] for f in fake]
 
 

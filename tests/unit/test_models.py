@@ -436,3 +436,23 @@ def test_token_grid_is_the_cfdt_coarsest_level():
     cfg = load_model_config(ROOT / "config/models/small.yaml")
     model = CFDT(cfg.stage1.model)
     assert model.downsample == token_stride(cfg.stage1.model.widths)
+
+
+def test_gate_pair_scores_equal_the_cnn_on_concatenated_pairs(small):
+    """The gate's first pair convolution is computed per date (split weights), not per pair: the
+    scores equal the pair CNN run on [f_i, f_j] stacked on channels, values and gradients."""
+    torch.manual_seed(0)
+    gate = CFDT(small.stage1.model).gate.double()
+    features = torch.randn(6, gate.embed[0].out_channels, 12, 10, dtype=torch.float64, requires_grad=True)
+    first, second = torch.tensor([0, 0, 1, 2, 5, 3]), torch.tensor([1, 2, 0, 0, 4, 5])
+    scores = gate.pair_scores(gate.pair_halves(features), first, second)
+    pairs = torch.cat([features.index_select(0, first), features.index_select(0, second)], dim=1)
+    reference = gate.pair_cnn(pairs)
+    torch.testing.assert_close(scores, reference)
+    weights = torch.randn_like(reference)
+    grads = torch.autograd.grad((scores * weights).sum(), [features, gate.pair_cnn[0].weight, gate.pair_cnn[0].bias])
+    expected = torch.autograd.grad(
+        (reference * weights).sum(), [features, gate.pair_cnn[0].weight, gate.pair_cnn[0].bias]
+    )
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want)
