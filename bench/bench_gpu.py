@@ -166,11 +166,16 @@ def stage_figures(cfg, *, device, size, dates, batch_override, steps, warmup) ->
     m2 = cfg.stage2.model
     pipeline = RefinerPipeline(cfdt, refiner, timesteps=m2.timesteps, schedule=m2.schedule, ensemble=m2.ensemble)
     pipeline = pipeline.to(device)
-    pipeline.train()
-    b, make = batch_of(cfg.stage2)
-    figures["stage2"] = {"batch": b, **timed_steps(
-        pipeline, lambda m, x: m(x), [p for p in refiner.parameters()], cfg.stage2.train, make,
-        device=device, steps=steps, warmup=warmup)}  # fmt: skip
+
+    def refiner_steps(stage_cfg) -> dict:
+        """Stages 2 and 3 train the refiner alike (their own batch size and lr)."""
+        pipeline.train()
+        b, make = batch_of(stage_cfg)
+        return {"batch": b, **timed_steps(
+            pipeline, lambda m, x: m(x), [p for p in refiner.parameters()], stage_cfg.train, make,
+            device=device, steps=steps, warmup=warmup)}  # fmt: skip
+
+    figures["stage2"] = refiner_steps(cfg.stage2)
     pipeline.eval()
     from vcloud.data.samples import finish_batch
 
@@ -191,12 +196,7 @@ def stage_figures(cfg, *, device, size, dates, batch_override, steps, warmup) ->
             figures["stage1"]["predict_one_sample_s"] = timed(
                 lambda: cfdt_draft(cfdt, one), device=device, repeats=max(2, steps // 2)
             )
-    # stage 3's student is the refiner: it trains like stage 2 (its own batch size and lr)
-    pipeline.train()
-    b, make = batch_of(cfg.stage3)
-    figures["stage3"].update({"batch": b, **timed_steps(
-        pipeline, lambda m, x: m(x), [p for p in refiner.parameters()], cfg.stage3.train, make,
-        device=device, steps=steps, warmup=warmup)})  # fmt: skip
+    figures["stage3"].update(refiner_steps(cfg.stage3))  # stage 3's student is the refiner
     for fig in figures.values():
         if "step_s_median" in fig:
             fig["samples_per_s"] = round(fig["batch"] / fig["step_s_median"], 2)

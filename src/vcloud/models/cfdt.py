@@ -171,9 +171,7 @@ class ChangeGate(nn.Module):
         # halves (B*T, 2W, h, w) from pair_halves; first, second (P,) rows -> (P, 1, h, w)
         w = halves.shape[1] // 2
         hidden = halves[:, :w].index_select(0, first) + halves[:, w:].index_select(0, second)
-        # contiguous: a sum of channel slices keeps their strides, and the next convolution
-        # takes a slow path on them (measured 3x on the CPU)
-        return self.pair_cnn[1:](hidden.contiguous())  # the first convolution's output is `hidden`
+        return self.pair_cnn[1:](hidden)  # the first convolution's output is `hidden`
 
     def forward(
         self,

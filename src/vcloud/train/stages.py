@@ -285,6 +285,19 @@ class RefinerPipeline(nn.Module):
         return self._refine(draft, cond, steps=steps, seed=seed, draws=draws).mean(0)
 
 
+def refiner_objective(steps: int):
+    """(loss, validate) of a RefinerPipeline task, stages 2 and 3: the refiner's own loss around
+    the frozen stage-1 draft, and the metrics of one seeded `steps`-step DDIM prediction."""
+
+    def loss(m, batch):
+        return m(batch)
+
+    def validate(m, batch):
+        return compute_all(_unwrap(m).sample(batch, steps=steps, seed=VAL_SEED).float(), batch["target"].float())
+
+    return loss, validate
+
+
 def build_pipeline(cfg: ModelSetConfig, *, stage1_ckpt: Path, wind: WindCache | None = None) -> RefinerPipeline:
     """Stage 1 (frozen) + a fresh refiner (pixel space: stage 0 is not part of it)."""
     cfdt = install_wind_orders(load_frozen(CFDT(cfg.stage1.model), stage1_ckpt, stage=1), wind)
@@ -342,14 +355,7 @@ def stage2(
     pipeline.to("cpu")  # the trainer moves it where it trains
     log.info("stage 2: residual std per band %s; cloud spectrum %s",
              [round(float(v), 4) for v in scale], [round(float(v), 3) for v in spectrum])  # fmt: skip
-    steps = cfg.stage2.model.sample_steps
-
-    def loss(m, batch):
-        return m(batch)
-
-    def validate(m, batch):
-        return compute_all(_unwrap(m).sample(batch, steps=steps, seed=VAL_SEED).float(), batch["target"].float())
-
+    loss, validate = refiner_objective(cfg.stage2.model.sample_steps)
     # The untrained refiner is exactly "no correction" (zero output head): validating it first
     # makes the draft the score to beat, and its weights the best.pt when no epoch beats it.
     assert not pipeline.refiner.head[-1].weight.any(), "the refiner must start as no correction"
@@ -478,14 +484,7 @@ def stage3(
                        samples_per_epoch=t.samples_per_epoch)  # fmt: skip
     pseudo = PseudoLabelled(unlabelled, kept, crop=cfg.data.crop, seed=cfg.stage3.train.seed)
     train_set: Dataset = EpochConcat([labelled, pseudo]) if kept else labelled
-    steps = cfg.stage2.model.sample_steps
-
-    def loss(m, batch):
-        return m(batch)  # the refiner's loss around the frozen stage-1 draft, as in stage 2
-
-    def validate(m, batch):
-        return compute_all(_unwrap(m).sample(batch, steps=steps, seed=VAL_SEED).float(), batch["target"].float())
-
+    loss, validate = refiner_objective(cfg.stage2.model.sample_steps)  # as stage 2, pseudo-labels as targets
     return _on_device(StageTask(
         stage=3, model=pipeline, train_set=train_set,
         val_set=_cloudy(cfg, val, train=False, stage_epochs=1, device=device),
