@@ -34,17 +34,21 @@ class FakeCFDT(nn.Module):
 
 
 class FakeTeacher(nn.Module):
-    """Seed s gives label + (-1)^s d: the seeds' mean is the label, their spread exactly d."""
+    """Seed s gives label + (-1)^s d: the seeds' mean is the label, their spread exactly d (each
+    sample of a batch with its own d and e)."""
 
     def __init__(self):
         super().__init__()
         self.cfdt = FakeCFDT()
+        self.batch_sizes: list[int] = []
 
-    def samples(self, batch, *, steps, seeds):
-        d, e = batch["case"][0].tolist()
-        visible = batch["visible"][0] if "visible" in batch else batch["target_prob"][0] < 0.4
-        label = torch.where(visible, OBSERVED + e, 0.875).expand(1, 13, H, W)  # hidden: anything
-        return torch.stack([label + (d if s % 2 == 0 else -d) for s in seeds])  # (S, 1, 13, H, W)
+    def samples(self, batch, *, steps, seeds, with_draft=False):
+        self.batch_sizes.append(len(batch["x"]))
+        d, e = (batch["case"][:, k].view(-1, 1, 1, 1) for k in (0, 1))  # (B, 1, 1, 1)
+        visible = batch["visible"] if "visible" in batch else batch["target_prob"] < 0.4  # (B, H, W)
+        label = torch.where(visible[:, None], OBSERVED + e, 0.875).expand(-1, 13, H, W)  # hidden: anything
+        draws = torch.stack([label + (d if s % 2 == 0 else -d) for s in seeds])  # (S, B, 13, H, W)
+        return (draws, self.cfdt(batch["x"], batch["days"], batch["target_index"])) if with_draft else draws
 
 
 def _item(d, e, any_visible, *, labelled=False):
@@ -70,7 +74,9 @@ def cfg(small):
 
 def test_exactly_the_confident_pseudo_labels_are_kept(cfg):
     samples = [_item(d, e, v) for d, e, v, _ in CASES]
-    kept, scored = pseudo_label(FakeTeacher(), samples, cfg, "cpu")
+    teacher = FakeTeacher()
+    kept, scored = pseudo_label(teacher, samples, cfg, "cpu")
+    assert teacher.batch_sizes == [4, 1]  # in batches of stage 3's batch size, each sample its own
     expected = [i for i, case in enumerate(CASES) if case[-1]]
     assert [index for index, _ in kept] == expected == [r["index"] for r in scored if r["kept"]]
     assert len(scored) == len(CASES)

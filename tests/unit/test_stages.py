@@ -61,13 +61,16 @@ class FakeTeacher(nn.Module):
         self.calls = []
 
     def samples(self, batch, *, steps, seeds):
-        index = int(batch["location"][0])
-        spread, visible_error, cloudy_error, _ = list(CASES.values())[index]
-        self.calls.append((index, steps, tuple(seeds)))
-        label = _observed(index).clone()
-        label[:, :, : W // 2] += visible_error  # the visible half (when there is one)
-        label[:, :, W // 2 :] += cloudy_error
-        return torch.stack([label + (spread if seed == 0 else -spread) for seed in seeds])[:, None]  # (S, 1, 13, H, W)
+        indices = batch["location"].tolist()
+        self.calls.append((indices, steps, tuple(seeds)))
+        labels = []
+        for index in indices:
+            spread, visible_error, cloudy_error, _ = list(CASES.values())[index]
+            label = _observed(index).clone()
+            label[:, :, : W // 2] += visible_error  # the visible half (when there is one)
+            label[:, :, W // 2 :] += cloudy_error
+            labels.append(torch.stack([label + (spread if seed == 0 else -spread) for seed in seeds]))
+        return torch.stack(labels, dim=1)  # (S, B, 13, H, W)
 
 
 @pytest.fixture
@@ -90,9 +93,11 @@ def test_pseudo_label_keeps_exactly_the_confident_samples(cfg):
     assert by_name["visible_error_too_high"]["visible_error"] == 2 * ERROR
     assert by_name["error_only_under_the_cloud"]["visible_error"] == 0.0
     assert by_name["nothing_visible"]["visible_error"] == float("inf")
-    # Every sample asked the teacher once for all its seeds, with the configured number of steps.
-    steps = cfg.stage2.model.sample_steps
-    assert teacher.calls == [(i, steps, (0, 1)) for i in range(len(CASES))]
+    # Each batch of stage 3's batch size asked the teacher once for all its seeds, with the
+    # configured number of steps.
+    steps, size = cfg.stage2.model.sample_steps, cfg.stage3.train.batch_size
+    everyone = list(range(len(CASES)))
+    assert teacher.calls == [(everyone[i : i + size], steps, (0, 1)) for i in range(0, len(CASES), size)]
 
 
 def test_a_kept_label_is_the_mean_of_the_draws(cfg):

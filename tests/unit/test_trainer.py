@@ -368,3 +368,31 @@ def test_partial_epoch_sums_survive_a_change_of_world_size():
     assert restore(1, 2) == (2.5, 3, 6, 0.2, 3.0)  # same world: each rank its own sums
     assert restore(0, 1) == (4.0, 6, 12, pytest.approx(0.3), 3.0)  # fewer ranks: rank 0 carries all
     assert restore(1, 4) == (0.0, 0, 0, 0.0, 0.0)
+
+
+def test_cpu_steps_leave_the_workers_their_cores_and_validation_takes_them_all(tiny_store, tmp_path):
+    """step_threads holds in the training loop only: validation (and whatever runs outside the
+    loop) gets every core of the job back, and the process's setting is restored after."""
+    seen = {"step": set(), "validate": set()}
+
+    def hook(value):
+        seen["step"].add(torch.get_num_threads())
+        return value
+
+    trainer = _trainer(tiny_store, tmp_path / "out", epochs=2, hook=hook)
+    trainer.step_threads = 1
+    validate = trainer.task.validate
+
+    def counting(model, batch):
+        seen["validate"].add(torch.get_num_threads())
+        return validate(model, batch)
+
+    trainer.task.validate = counting
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        trainer.fit()
+        assert seen == {"step": {1}, "validate": {2}}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)

@@ -229,8 +229,12 @@ class DiffusionSchedule:
         shape: tuple[int, ...],
         clip: float | None = None,
         temperature: float = 1.0,
+        noise: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Deterministic DDIM (eta = 0) from noise drawn with `generator` -> z0 of `shape`.
+
+        `noise` (of `shape`): the initial noise itself, drawn by the caller (then `generator` is
+        not used); DDIM with eta = 0 draws nothing after it.
 
         The model predicts z0; the implied noise is (z_t - sqrt(abar) z0) / sqrt(1 - abar).
         `clip` bounds each step's z0 estimate to [-clip, clip]; None: no clipping.
@@ -239,8 +243,11 @@ class DiffusionSchedule:
         """
         assert shape[0] == cond.shape[0], f"shape {tuple(shape)} and cond {tuple(cond.shape)} differ in batch"
         assert temperature > 0, f"temperature must be > 0, got {temperature}"
-        device = generator.device if generator is not None else cond.device
-        z = torch.randn(shape, generator=generator, device=device, dtype=torch.float32).to(cond.device) * temperature
+        if noise is None:
+            device = generator.device if generator is not None else cond.device
+            noise = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
+        assert tuple(noise.shape) == tuple(shape), f"noise {tuple(noise.shape)} is not of shape {tuple(shape)}"
+        z = noise.float().to(cond.device) * temperature
         levels = self.sampling_timesteps(steps)
         for index, level in enumerate(levels):
             t = torch.full((shape[0],), level, device=cond.device, dtype=torch.long)
@@ -266,6 +273,7 @@ def ddim_sample(
     schedule: DiffusionSchedule | None = None,
     clip: float | None = None,
     temperature: float | None = None,
+    noise: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """DDIM sampling with the model's schedule (Refiner.timesteps, .schedule_kind) and sampling
     temperature (Refiner.temperature) unless given."""
@@ -274,5 +282,5 @@ def ddim_sample(
     if temperature is None:
         temperature = getattr(model, "temperature", 1.0)
     return schedule.ddim_sample(
-        model, cond, steps=steps, generator=generator, shape=shape, clip=clip, temperature=temperature
+        model, cond, steps=steps, generator=generator, shape=shape, clip=clip, temperature=temperature, noise=noise
     )

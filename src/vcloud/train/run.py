@@ -9,7 +9,7 @@ import torch
 
 from vcloud.config import config_hash, load_model_config, stage_config_dict
 from vcloud.registry import get_stage
-from vcloud.runtime.env import log_gpu_state, step_threads
+from vcloud.runtime.env import cpu_budget, log_gpu_state, step_threads
 from vcloud.train import distributed
 from vcloud.wind.stage_orders import load_wind_orders
 
@@ -41,12 +41,20 @@ def run_training(
         wind = load_wind_orders(cfg, store=train, wind_cache=wind_cache, world_size=env.world_size,
                                 command=f"vcloud train --stage {stage}")  # fmt: skip
     device = distributed.device_for(env)
+    train_threads = None
     if device == "cpu":
-        # The step and the DataLoader workers share the job's cores instead of oversubscribing them.
-        torch.set_num_threads(step_threads(cfg.data.num_workers))
+        # Every core of the job outside the training loop (setup, pseudo-labels, validation); in the
+        # loop the step leaves its DataLoader workers their cores instead of oversubscribing them.
+        torch.set_num_threads(cpu_budget())
+        train_threads = step_threads(cfg.data.num_workers)
     distributed.init_process_group(env, device=device)
     try:
-        log.info("%s; torch threads %d", distributed.describe(env, device), torch.get_num_threads())
+        log.info(
+            "%s; torch threads %d (training steps %s)",
+            distributed.describe(env, device),
+            torch.get_num_threads(),
+            train_threads or "the same",
+        )
         log_gpu_state(env.local_rank)
         stage_cfg = getattr(cfg, spec.name)
         torch.manual_seed(stage_cfg.train.seed)  # identical initial weights on every rank
@@ -63,6 +71,7 @@ def run_training(
             env=env,
             device=device,
             progress=progress,
+            step_threads=train_threads,
         )
         return trainer.fit()
     finally:

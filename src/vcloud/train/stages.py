@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from vcloud.config import ModelSetConfig, SelfTraining
 from vcloud.constants import CLOUD_CLASSES, S2_CHANNELS, S2CLOUDLESS_KWARGS
@@ -250,31 +251,41 @@ class RefinerPipeline(nn.Module):
         return (error / baseline).mean()
 
     @torch.no_grad()
-    def _refine(self, draft: torch.Tensor, cond: torch.Tensor, *, steps: int, seed: int, draws: int) -> torch.Tensor:
-        """`draws` DDIM samples of the refined draft, their noise drawn in turn from one generator
-        seeded with `seed`, all in one batch: (draws, B, 13, H, W) in 0..1."""
+    def _refine(
+        self, draft: torch.Tensor, cond: torch.Tensor, *, steps: int, seeds: Sequence[int], draws: int
+    ) -> torch.Tensor:
+        """`draws` DDIM samples of the refined draft per seed, all in one batch: (S x draws, B, 13,
+        H, W) in 0..1, seed-major. Each seed's noise comes from its own generator, drawn as if
+        that seed ran alone (draw-major), so a seed's samples do not depend on the other seeds."""
         if self.refiner.predicts_zero():
             # x0 predictions of 0 make DDIM return a zero residual whatever the noise: the
             # draft itself, bit for bit, without 4 x `draws` passes of the refiner.
-            return draft.clamp(0, 1).expand(draws, *draft.shape).clone()
-        generator = torch.Generator(device=cond.device).manual_seed(int(seed))
-        shape = (draws * draft.shape[0], *draft.shape[1:])
-        cond = cond.repeat(draws, 1, 1, 1)  # (draws * B, 43, H, W): draw-major like the noise
+            return draft.clamp(0, 1).expand(len(seeds) * draws, *draft.shape).clone()
+        one = (draws * draft.shape[0], *draft.shape[1:])
+        noise = torch.cat([
+            torch.randn(one, generator=torch.Generator(device=cond.device).manual_seed(int(s)), device=cond.device)
+            for s in seeds
+        ])  # fmt: skip
+        cond = cond.repeat(len(seeds) * draws, 1, 1, 1)  # (S * draws * B, 43, H, W), like the noise
         residual = ddim_sample(
-            self.refiner, cond, steps=steps, generator=generator, shape=shape, schedule=self.schedule
-        )
-        residual = residual.float().view(draws, *draft.shape)
+            self.refiner, cond, steps=steps, generator=None, shape=tuple(noise.shape), schedule=self.schedule,
+            noise=noise,
+        )  # fmt: skip
+        residual = residual.float().view(len(seeds) * draws, *draft.shape)
         return (draft + residual * self._scale()).clamp(0, 1)
 
     @torch.no_grad()
-    def samples(self, batch: dict, *, steps: int, seeds: list[int]) -> torch.Tensor:
-        """One few-step DDIM sample per seed, single draws (no ensemble): (S, B, 13, H, W) in 0..1.
+    def samples(self, batch: dict, *, steps: int, seeds: Sequence[int], with_draft: bool = False):
+        """One few-step DDIM sample per seed, single draws (no ensemble): (S, B, 13, H, W) in 0..1;
+        with_draft: (that, the stage-1 draft (B, 13, H, W)).
 
-        The draft is computed once; each seed draws its own initial noise, so the samples differ
-        where the refiner is unsure and agree where it is not (stage 3's confidence).
+        The draft is computed once and every seed runs in the same batch; each seed draws its own
+        initial noise, so the samples differ where the refiner is unsure and agree where it is not
+        (stage 3's confidence).
         """
         draft, cond = self.condition(batch)
-        return torch.cat([self._refine(draft, cond, steps=steps, seed=s, draws=1) for s in seeds])
+        draws = self._refine(draft, cond, steps=steps, seeds=seeds, draws=1)
+        return (draws, draft) if with_draft else draws
 
     @torch.no_grad()
     def sample(self, batch: dict, *, steps: int, seed: int, ensemble: int | None = None) -> torch.Tensor:
@@ -282,7 +293,7 @@ class RefinerPipeline(nn.Module):
         around the frozen CFDT's draft."""
         draft, cond = self.condition(batch)
         draws = self.ensemble if ensemble is None else ensemble
-        return self._refine(draft, cond, steps=steps, seed=seed, draws=draws).mean(0)
+        return self._refine(draft, cond, steps=steps, seeds=[seed], draws=draws).mean(0)
 
 
 def refiner_objective(steps: int):
@@ -407,6 +418,13 @@ def accepted(spread: float, visible_error: float, rule: SelfTraining) -> bool:
     return spread <= rule.max_seed_spread and visible_error <= rule.max_visible_error
 
 
+def _teacher_batches(samples: Dataset, cfg: ModelSetConfig, device: str):
+    """The samples in batches of stage 3's batch size, on `device`: the teacher runs every seed of
+    a batch in one refiner pass (batch x seeds images), not one image at a time."""
+    for batch in DataLoader(samples, batch_size=cfg.stage3.train.batch_size):
+        yield {k: v.to(device) for k, v in batch.items()}
+
+
 @torch.no_grad()
 def pseudo_label(pipeline: RefinerPipeline, samples: UnlabelledSamples, cfg: ModelSetConfig, device: str):
     """Label cloudy-only samples with the teacher; keep the confident ones."""
@@ -414,16 +432,18 @@ def pseudo_label(pipeline: RefinerPipeline, samples: UnlabelledSamples, cfg: Mod
     steps, seeds = cfg.stage2.model.sample_steps, list(range(st.sampler_seeds))
     pipeline.to(device).eval()
     kept, scored = [], []
-    for index in range(len(samples)):
-        batch = {k: v[None].to(device) for k, v in samples[index].items()}
-        draws = pipeline.samples(batch, steps=steps, seeds=seeds)[:, 0]  # (S, 13, H, W)
-        label, spread, visible_error = confidence(draws, observed_target(batch)[0], batch["visible"][0])
-        ok = accepted(spread, visible_error, st)
-        scored.append(
-            {"index": index, "spread": round(spread, 6), "visible_error": round(visible_error, 6), "kept": ok}
-        )
-        if ok:
-            kept.append((index, label.cpu()))
+    for batch in _teacher_batches(samples, cfg, device):
+        draws = pipeline.samples(batch, steps=steps, seeds=seeds)  # (S, B, 13, H, W)
+        observed = observed_target(batch)
+        for b in range(draws.shape[1]):
+            index = len(scored)
+            label, spread, visible_error = confidence(draws[:, b], observed[b], batch["visible"][b])
+            ok = accepted(spread, visible_error, st)
+            scored.append(
+                {"index": index, "spread": round(spread, 6), "visible_error": round(visible_error, 6), "kept": ok}
+            )
+            if ok:
+                kept.append((index, label.cpu()))
     return kept, scored
 
 
@@ -439,16 +459,17 @@ def check_on_labelled(pipeline: RefinerPipeline, samples: Dataset, cfg: ModelSet
     steps, seeds = cfg.stage2.model.sample_steps, list(range(st.sampler_seeds))
     pipeline.to(device).eval()
     groups: dict[str, dict[str, list[float]]] = {g: {"label": [], "draft": []} for g in ("kept", "rejected")}
-    for index in range(len(samples)):
-        batch = finish_batch({k: v[None].to(device) for k, v in samples[index].items()})
-        draws = pipeline.samples(batch, steps=steps, seeds=seeds)[:, 0]
-        visible = batch["target_prob"][0] < S2CLOUDLESS_KWARGS["threshold"]
-        label, spread, visible_error = confidence(draws, observed_target(batch)[0], visible)
-        group = groups["kept" if accepted(spread, visible_error, st) else "rejected"]
-        truth = batch["target"].float()
-        group["label"].append(float(compute_all(label[None], truth)["psnr"][0]))
-        draft = cfdt_draft(pipeline.cfdt, batch).float().clamp(0, 1)
-        group["draft"].append(float(compute_all(draft, truth)["psnr"][0]))
+    for batch in _teacher_batches(samples, cfg, device):
+        batch = finish_batch(batch)
+        draws, draft = pipeline.samples(batch, steps=steps, seeds=seeds, with_draft=True)
+        visible = batch["target_prob"] < S2CLOUDLESS_KWARGS["threshold"]  # (B, H, W)
+        observed, truth = observed_target(batch), batch["target"].float()
+        draft_psnr = compute_all(draft.clamp(0, 1), truth)["psnr"]  # (B,)
+        for b in range(draws.shape[1]):
+            label, spread, visible_error = confidence(draws[:, b], observed[b], visible[b])
+            group = groups["kept" if accepted(spread, visible_error, st) else "rejected"]
+            group["label"].append(float(compute_all(label[None], truth[b : b + 1])["psnr"][0]))
+            group["draft"].append(float(draft_psnr[b]))
     report = {}
     for name, values in groups.items():
         n = len(values["label"])

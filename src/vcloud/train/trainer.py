@@ -107,8 +107,12 @@ class Trainer:
         env: dist_utils.DistEnv,
         device: str,
         progress: bool = True,
+        step_threads: int | None = None,
     ):
+        """step_threads: torch's intra-op threads while the training loop runs (its DataLoader
+        workers busy beside it); None keeps the process's setting throughout."""
         self.task, self.cfg, self.data_cfg = task, train_cfg, data_cfg
+        self.step_threads = step_threads
         self.out_dir = Path(out_dir)
         self.latest = Path(resume_dir or out_dir) / "latest.pt"
         self.best = self.out_dir / "best.pt"
@@ -371,6 +375,15 @@ class Trainer:
         return torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.cfg.bf16)
 
     def _train_epoch(self, stop) -> dict:
+        outside = torch.get_num_threads()
+        if self.step_threads:
+            torch.set_num_threads(self.step_threads)
+        try:
+            return self._train_steps(stop)
+        finally:
+            torch.set_num_threads(outside)
+
+    def _train_steps(self, stop) -> dict:
         extra = self.task.on_epoch_start(self.epoch) if self.task.on_epoch_start else {}
         self.sampler.set_epoch(self.epoch, start=self.step_in_epoch * self.cfg.batch_size)
         self.ddp_model.train()
