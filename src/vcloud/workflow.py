@@ -31,6 +31,19 @@ def train_inputs(stage: int, *, train: str, val: str, checkpoint_path: Callable[
     return inputs
 
 
+def train_priority(stage: int) -> int:
+    """Snakemake priority of train_stage<n>: 1 for a side branch (a stage that builds on none and
+    that no other stage or predictor reads, stage 0), else 0. Started first, a side branch's
+    evaluation is ready with the others and fills a core beside them instead of running alone
+    after the main chain (measured on 2 cores: train_stage0 then evaluate_stage0 ran last, the
+    evaluation on one core)."""
+    spec = get_stage(stage)
+    read_by_others = any(
+        stage in other.upstream or stage in other.predictor_needs for other in STAGES if other.number != stage
+    )
+    return int(not spec.upstream and not read_by_others)
+
+
 def evaluate_inputs(stage: int, *, store: str, checkpoint_path: Callable[[int], str],
                     wind_cache: str | None) -> dict[str, str]:  # fmt: skip
     """evaluate_stage<n>'s inputs: the store and the best.pt its predictor reads."""

@@ -60,6 +60,10 @@ def test_workflow_inputs_follow_the_registry(wind):
     assert sorted(k for k in viewer if k.startswith("stage")) == ["stage1", "stage2", "stage3"]
 
 
+def test_only_a_side_branch_stage_trains_first():
+    assert [logic.train_priority(stage.number) for stage in STAGES] == [1, 0, 0, 0]
+
+
 def test_checkpoint_flags_pass_every_checkpoint_and_the_wind_cache_in_order():
     inputs = {"store": "S", "stage0": "a b/best.pt", "stage2": "c.pt", "wind_cache": "w.npz", "train": "T"}
     assert logic.checkpoint_flags(inputs) == "--stage0 'a b/best.pt' --stage2 c.pt --wind-cache w.npz"

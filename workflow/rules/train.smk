@@ -27,6 +27,7 @@ for stage in STAGE_NUMBERS:
         container:
             get_container(f"train_stage{stage}")
         threads: get_threads(f"train_stage{stage}")
+        priority: logic.train_priority(stage)
         resources:
             **get_slurm_resources(f"train_stage{stage}"),
         params:
