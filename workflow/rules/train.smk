@@ -19,6 +19,7 @@ for stage in STAGE_NUMBERS:
             f"logs/train_stage{stage}/train_stage{stage}.log",
         benchmark:
             f"benchmarks/train_stage{stage}/train_stage{stage}.tsv"
+        priority: logic.train_priority(stage)
         # Each job trains until its wall time warns it (SIGUSR1, exit 3); snakemake
         # resubmits it, and the trainer resumes from latest.pt (see get_retries).
         retries: get_retries(f"train_stage{stage}")
@@ -27,7 +28,6 @@ for stage in STAGE_NUMBERS:
         container:
             get_container(f"train_stage{stage}")
         threads: get_threads(f"train_stage{stage}")
-        priority: logic.train_priority(stage)
         resources:
             **get_slurm_resources(f"train_stage{stage}"),
         params:
