@@ -14,7 +14,7 @@ from vcloud.evaluation.protocols import EVAL_SEED
 from vcloud.models.autoencoder import Autoencoder
 from vcloud.models.cfdt import CFDT
 from vcloud.registry import get_stage
-from vcloud.train.stages import build_pipeline, cfdt_draft, install_wind_orders, load_frozen
+from vcloud.train.stages import build_pipeline, cfdt_draft, install_wind_orders, load_frozen, load_stage_weights
 
 
 def autoencoder(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
@@ -37,7 +37,7 @@ def refined(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
     stage-3 fine-tune), all drawn from EVAL_SEED."""
     (refiner_stage,) = sorted(set(checkpoints) - {1})  # 2 or 3
     pipeline = build_pipeline(cfg, stage1_ckpt=checkpoints[1], wind=wind)
-    pipeline.load_state_dict(load_frozen_state(checkpoints[refiner_stage], stage=refiner_stage))
+    pipeline.load_state_dict(load_stage_weights(checkpoints[refiner_stage], stage=refiner_stage))
     pipeline.eval()
     return lambda batch: pipeline.sample(batch, steps=cfg.stage2.model.sample_steps, seed=EVAL_SEED)
 
@@ -45,13 +45,3 @@ def refined(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
 def build_predictor(stage: int, cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
     """Stage `stage`'s predictor from {stage number: best.pt} (the registry says which it uses)."""
     return get_stage(stage).make_predictor(cfg, checkpoints, wind)
-
-
-def load_frozen_state(path: Path, *, stage: int) -> dict:
-    from vcloud.errors import BadInputError
-    from vcloud.train.checkpoint import load_checkpoint
-
-    state = load_checkpoint(path)
-    if state.get("stage") != stage:
-        raise BadInputError(f"{path}: checkpoint of stage {state.get('stage')}, expected stage {stage}")
-    return state["model"]
