@@ -200,6 +200,32 @@ def _cmd_fixed_protocol(args: argparse.Namespace) -> None:
     print(f"{args.out}: {meta['samples']} samples, {meta['pixels']} touched pixels detected")
 
 
+def _cmd_predict(args: argparse.Namespace) -> None:
+    import shlex
+    import signal
+
+    # Like evaluate: the wall-time warning must not kill it early; a resubmitted job resumes.
+    signal.signal(signal.SIGUSR1, _warned)
+    _apply_env(args)
+    from vcloud.apply.run import predict
+
+    predict(
+        store=args.store,
+        out=args.out,
+        stage=args.stage,
+        checkpoints=_checkpoints(args),
+        config_path=args.config,
+        wind_cache=args.wind_cache,
+        dates=args.dates,
+        min_cover=args.min_cover,
+        draws=args.draws,
+        batch_size=args.batch_size,
+        device=args.device,
+        clear_pixels=args.clear_pixels,
+        command=shlex.join(["vcloud", *sys.argv[1:]]),
+    )
+
+
 def _cmd_uncrtaints_convert(args: argparse.Namespace) -> None:
     from vcloud.evaluation.uncrtaints import convert_pairs
 
@@ -424,6 +450,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", type=Path, help="generic_{T}_test_all_s2cloudless_mask.npy (read without unpickling code)")
     p.add_argument("out", type=Path, help="FILE.json to write (read by vcloud evaluate --uncrtaints-pairs)")
     p.set_defaults(func=_cmd_uncrtaints_convert)
+
+    p = sub.add_parser("predict", help="reconstruct cloudy dates of a prepared store as Cloud-Optimized GeoTIFFs")
+    p.add_argument("--stage", type=int, choices=(1, 2, 3), required=True, help="the stage whose predictor is used")
+    p.add_argument("--store", type=Path, required=True, help="any prepared store: a split or one ROI's")
+    p.add_argument(
+        "--out", type=Path, required=True, help="folder: GeoTIFFs, mosaics/, manifest.json (docs/predict.md)"
+    )
+    _add_checkpoint_flags(p, STAGE_NUMBERS, "the ones the stage's predictor needs")
+    p.add_argument("--config", type=Path, required=True, help="config/models/*.yaml the stages used")
+    p.add_argument("--wind-cache", type=Path, help="wind-scanner cache (when stage1.model.wind_scan)")
+    p.add_argument("--dates", nargs="+", metavar="YYYY-MM-DD", help="dates to reconstruct (default: the cloudy ones)")
+    p.add_argument("--min-cover", type=float, default=0.05, help="default dates: cloud cover above this (0.05)")
+    p.add_argument("--draws", type=int, help="stages 2-3: diffusion draws averaged (default: stage2.model.ensemble); "
+                   ">= 2 also writes their per-pixel spread")  # fmt: skip
+    p.add_argument("--batch-size", type=int, default=8, help="images per model call (8)")
+    p.add_argument("--device", help="torch device (default: cuda when there is one, else cpu)")
+    p.add_argument("--clear-pixels", choices=("observed", "model"), default="observed",
+                   help="pixels the cloud mask calls clear: the observed reflectance (default) or the model's")  # fmt: skip
+    _add_env_flag(p)
+    p.set_defaults(func=_cmd_predict)
 
     p = sub.add_parser("memory", help="memory estimate per component of the stage-1 model")
     p.add_argument("--config", type=Path, required=True, help="config/models/*.yaml")

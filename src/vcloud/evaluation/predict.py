@@ -1,5 +1,8 @@
 """Predictors: a finished stage's checkpoints -> a function batch -> (B, 13, H, W) S2 image.
 
+Each predictor carries its torch module as `.model` (built on the CPU; `predict.model.to(device)`
+moves it, wind orders included) and, where it samples, `.draws(batch, n)` (vcloud predict).
+
 Each takes (cfg, checkpoints, wind) with `checkpoints` = {stage number: best.pt path}, exactly
 the stages registry.Stage.predictor_needs names (the paths come from the caller's arguments,
 never from a results-folder convention). A checkpoint of another stage is refused with one line.
@@ -21,14 +24,18 @@ def autoencoder(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
     """Stage 0: the autoencoder's reconstruction of the ground truth."""
     ((stage, path),) = checkpoints.items()
     model = load_frozen(Autoencoder(cfg.stage0.model), path, stage=stage)
-    return lambda batch: model(batch["target"])
+    predict = lambda batch: model(batch["target"])
+    predict.model = model
+    return predict
 
 
 def draft(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
     """Stage 1: the CFDT's draft of the target date."""
     ((stage, path),) = checkpoints.items()
     cfdt = install_wind_orders(load_frozen(CFDT(cfg.stage1.model), path, stage=stage), wind)
-    return lambda batch: cfdt_draft(cfdt, batch)
+    predict = lambda batch: cfdt_draft(cfdt, batch)
+    predict.model = cfdt
+    return predict
 
 
 def refined(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
@@ -39,7 +46,13 @@ def refined(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
     pipeline = build_pipeline(cfg, stage1_ckpt=checkpoints[1], wind=wind)
     pipeline.load_state_dict(load_stage_weights(checkpoints[refiner_stage], stage=refiner_stage))
     pipeline.eval()
-    return lambda batch: pipeline.sample(batch, steps=cfg.stage2.model.sample_steps, seed=EVAL_SEED)
+    steps = cfg.stage2.model.sample_steps
+    predict = lambda batch: pipeline.sample(batch, steps=steps, seed=EVAL_SEED)
+    # vcloud predict: `draws` samples whose mean is the prediction (with draws = stage2.model.ensemble:
+    # exactly `predict`'s), their spread the uncertainty. Predictors without it are deterministic.
+    predict.model = pipeline
+    predict.draws = lambda batch, draws: pipeline.draws(batch, steps=steps, seed=EVAL_SEED, ensemble=draws)
+    return predict
 
 
 def build_predictor(stage: int, cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):

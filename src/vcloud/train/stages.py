@@ -297,9 +297,15 @@ class RefinerPipeline(nn.Module):
     def sample(self, batch: dict, *, steps: int, seed: int, ensemble: int | None = None) -> torch.Tensor:
         """The refined S2 (B, 13, H, W): the mean of `ensemble` samples (the config's by default)
         around the frozen CFDT's draft."""
+        return self.draws(batch, steps=steps, seed=seed, ensemble=ensemble).mean(0)
+
+    @torch.no_grad()
+    def draws(self, batch: dict, *, steps: int, seed: int, ensemble: int | None = None) -> torch.Tensor:
+        """The `ensemble` samples whose mean `sample` returns, (ensemble, B, 13, H, W) in 0..1:
+        their spread is the prediction's uncertainty (vcloud predict)."""
         draft, cond = self.condition(batch)
         draws = self.ensemble if ensemble is None else ensemble
-        return self._refine(draft, cond, steps=steps, seeds=[seed], draws=draws).mean(0)
+        return self._refine(draft, cond, steps=steps, seeds=[seed], draws=draws)
 
 
 def refiner_objective(steps: int):

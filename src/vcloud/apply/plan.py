@@ -1,0 +1,152 @@
+"""What `vcloud predict` reconstructs: one Job per (location, target date), and its batches.
+
+Target dates: every date with an S2 image whose cloud cover exceeds `min_cover` (default), or
+the dates given (each must be a date of the store; it is reconstructed at every location that
+has an S2 image on it). Inputs: the target plus the T-1 other dates with both S1 and S2 that
+are least cloudy, nearer dates first on a tie; fewer than T-1 such dates are repeated, as the
+training sampler does. A target date without S1 is still reconstructed, its S1 as the store
+holds a missing image (the clip floor, 0 after normalisation), and the manifest says so.
+
+A batch is a fixed slice of the plan (the plan's order is the store's location order, then
+time): a rerun forms the same batches, so the noise of the diffusion draws and every float
+operation are the same and a redone output is bit-identical to the first run's.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vcloud.data.samples import stack_sample
+from vcloud.data.shards import ShardReader, load_table
+from vcloud.data.store import CLOUD_PROB_SCALE, normalise_s1, normalise_s2, open_store
+from vcloud.errors import BadInputError, ConfigError
+
+
+@dataclass(frozen=True)
+class Job:
+    """One output: location `location` (store index) at time index `time`."""
+
+    name: str  # <location>_<YYYY-MM-DD>: the output's file stem
+    location: int
+    location_id: str
+    roi: str  # <ROIs folder>_<roi number>: the mosaic it belongs to
+    time: int
+    date: str  # YYYY-MM-DD
+    inputs: tuple[int, ...]  # time indices in date order, the target among them
+    slot: int  # the target's place in `inputs`
+    cloud_cover: float
+    s1_missing: bool
+
+    def describe(self, reader: ShardReader) -> dict:
+        """The manifest's record of what the output was made from."""
+        dates = [date_text(reader.date_s2[self.location, t]) for t in self.inputs]
+        return {
+            "location": self.location_id, "roi": self.roi, "date": self.date, "time_index": self.time,
+            "cloud_cover": round(self.cloud_cover, 4), "input_dates": dates,
+            "s1": "missing: zeros (the store's missing-image value)" if self.s1_missing else "present",
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Georef:
+    crs: str  # "EPSG:32633"; "" when the raw files carried none
+    transform: tuple[float, ...]  # GDAL geotransform (x0, pixel_w, 0, y0, 0, -pixel_h)
+
+
+def date_text(value) -> str:
+    return str(np.datetime_as_string(np.datetime64(value, "D"), unit="D"))
+
+
+def georefs(store: Path) -> list[Georef]:
+    """Each location's CRS and geotransform as the store keeps them."""
+    ds = open_store(store)
+    crs = load_table(ds, "crs", store)
+    transform = load_table(ds, "transform", store)
+    return [Georef(str(c), tuple(float(v) for v in t)) for c, t in zip(crs, transform)]
+
+
+def roi_names(store: Path) -> list[str]:
+    ds = open_store(store)
+    rois, roi = load_table(ds, "rois", store), load_table(ds, "roi", store)
+    return [f"{a}_{int(b)}" for a, b in zip(rois, roi)]
+
+
+def parse_dates(texts: list[str]) -> list[str]:
+    """--dates values, checked: YYYY-MM-DD each."""
+    for text in texts:
+        try:
+            dt.date.fromisoformat(text)
+        except ValueError:
+            raise ConfigError(f"--dates {text}: not a date YYYY-MM-DD") from None
+    return sorted(set(texts))
+
+
+def plan_jobs(
+    reader: ShardReader, *, rois: list[str], input_dates: int, min_cover: float, dates: list[str] | None = None
+) -> list[Job]:
+    """Every output to make, in store order; BadInputError naming a --dates value not in the store."""
+    valid_s2, usable = reader.valid_s2, reader.valid_s2 & reader.valid_s1
+    cover = np.nan_to_num(reader.cloud_cover, nan=1.0)
+    stored = np.array([[date_text(d) if ok else "" for d, ok in zip(row, oks)]
+                       for row, oks in zip(reader.date_s2, valid_s2)])  # fmt: skip
+    if dates is not None:
+        missing = [d for d in dates if not (stored == d).any()]
+        if missing:
+            have = sorted(set(stored[stored != ""].tolist()))
+            span = f"{len(have)} dates, {have[0]} to {have[-1]}" if have else "no S2 image"
+            raise BadInputError(f"{reader.path}: date {missing[0]} not in the store ({span})")
+        targets = valid_s2 & np.isin(stored, dates)
+    else:
+        targets = valid_s2 & (cover > min_cover)
+    days = reader.date_s2.astype("datetime64[D]").astype(np.int64)
+    jobs, names = [], set()
+    for location, t in np.argwhere(targets):
+        location, t = int(location), int(t)
+        others = [o for o in np.flatnonzero(usable[location]).tolist() if o != t]
+        others.sort(key=lambda o: (cover[location, o], abs(days[location, o] - days[location, t]), o))
+        chosen = (others * input_dates)[: input_dates - 1] if others else [t] * (input_dates - 1)
+        inputs = sorted([t, *chosen])
+        name = f"{reader.locations[location]}_{stored[location, t]}"
+        if name in names:  # two images of one location on one day: keep both, apart
+            name = f"{name}_t{t}"
+        names.add(name)
+        jobs.append(Job(
+            name=name, location=location, location_id=reader.locations[location], roi=rois[location], time=t,
+            date=stored[location, t], inputs=tuple(inputs), slot=inputs.index(t),
+            cloud_cover=float(reader.cloud_cover[location, t]), s1_missing=not bool(reader.valid_s1[location, t]),
+        ))  # fmt: skip
+    return jobs
+
+
+def batches(jobs: list[Job], size: int) -> list[list[Job]]:
+    return [jobs[i : i + size] for i in range(0, len(jobs), size)]
+
+
+@dataclass(frozen=True)
+class Batch:
+    tensors: dict[str, torch.Tensor]  # the model's input layout (data/samples.py stack_sample) + wind
+    observed: np.ndarray  # (B, 13, H, W) uint16: each target date's S2 as stored
+    cloud_prob: np.ndarray  # (B, H, W) uint8 as stored: round(p * 250), 255 where missing
+
+
+def read_batch(reader: ShardReader, jobs: list[Job]) -> Batch:
+    """The model's inputs for `jobs`, normalised as in evaluation (on the CPU)."""
+    items, observed, probs = [], [], []
+    for job in jobs:
+        raw = reader.read_raw(job.location, job.inputs)
+        prob = np.where(raw.cloud_prob == 255, np.float32(1.0), raw.cloud_prob.astype(np.float32) / CLOUD_PROB_SCALE)
+        item = stack_sample(
+            normalise_s2(raw.s2), normalise_s1(raw.s1), prob.astype(np.float32),
+            reader.date_s2[job.location, list(job.inputs)], job.slot,
+        )  # fmt: skip
+        item["wind"] = torch.from_numpy(reader.wind[job.location, job.time])
+        items.append(item)
+        observed.append(raw.s2[job.slot])
+        probs.append(raw.cloud_prob[job.slot])
+    tensors = {key: torch.stack([item[key] for item in items]) for key in items[0]}
+    return Batch(tensors, np.stack(observed), np.stack(probs))

@@ -1,0 +1,235 @@
+"""`vcloud predict`: a trained stage applied to a prepared store, one georeferenced COG per
+(location, reconstructed date), resumable.
+
+Outputs under `out` (names from apply/plan.py, files from apply/geo.py):
+
+    <location>_<YYYY-MM-DD>.tif              13 bands (B1..B12, S2 order), uint16 reflectance x 10000
+    <location>_<YYYY-MM-DD>_cloud.tif        band 1: the cloud mask used (1 cloud), band 2: the cloud
+                                             probability as stored (x 250; 255: no S2 probability)
+    <location>_<YYYY-MM-DD>_uncertainty.tif  13 bands, uint16 x 10000: per-pixel std of the draws
+                                             (stages 2-3 with --draws >= 2; none otherwise)
+    mosaics/<ROIs>_<roi>_<YYYY-MM-DD>.vrt    the ROI's locations of that date in one grid
+    manifest.json                            provenance, request, per output status, files, SHA-256
+
+Every file keeps the CRS and geotransform the store recorded for its location. With
+`clear_pixels="observed"` (default) pixels the cloud mask calls clear keep their observed
+reflectance (exactly the input's) and only masked pixels take the model's; "model" writes the
+model's prediction everywhere.
+
+Everything that can be wrong with the inputs (store, config, checkpoints, wind cache, dates)
+is checked before the first file is written; a rerun of the same command skips the outputs the
+manifest records as done with intact files (apply/manifest.py) and makes the rest, bit-identical
+to an uninterrupted run (apply/plan.py: fixed batches).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vcloud.apply.geo import sha256_file, write_cog, write_vrt
+from vcloud.apply.manifest import (
+    FORMAT,
+    FORMAT_VERSION,
+    file_record,
+    is_finished,
+    read_manifest,
+    request_id,
+    write_manifest,
+)
+from vcloud.apply.plan import batches, georefs, parse_dates, plan_jobs, read_batch, roi_names
+from vcloud.constants import CLEAR_MAX_COVER, S2_BANDS, S2_SCALE, S2CLOUDLESS_KWARGS
+from vcloud.data.shards import ShardReader
+from vcloud.data.store import CLOUD_PROB_SCALE
+from vcloud.errors import BadInputError, ConfigError
+from vcloud.io import provenance, remove_leftover_temps
+
+log = logging.getLogger(__name__)
+
+PREDICT_STAGES = (1, 2, 3)  # stage 0 (the autoencoder) reconstructs a clear image, it removes no cloud
+CLEAR_PIXELS = ("observed", "model")
+MOSAICS = "mosaics"
+
+
+def checksum(path: Path, what: str) -> str:
+    """SHA-256 of an input file; one line naming it when it is missing or unreadable."""
+    try:
+        return sha256_file(path)
+    except OSError as err:
+        raise BadInputError(f"{path}: {what} not readable ({err.strerror or err})") from None
+
+
+def predict(*, store: Path, out: Path, stage: int, checkpoints: dict[int, Path], config_path: Path,
+            wind_cache: Path | None = None, dates: list[str] | None = None, min_cover: float = CLEAR_MAX_COVER,
+            draws: int | None = None, batch_size: int = 8, device: str | None = None,
+            clear_pixels: str = "observed", command: str = "vcloud predict", timings: dict | None = None) -> dict:  # fmt: skip
+    """Reconstruct the planned dates of `store` with stage `stage` into `out`; returns the manifest.
+    `timings` (bench): filled with seconds spent reading, in the model and writing."""
+    from vcloud.config import load_model_config
+    from vcloud.config.model_sets import config_to_dict
+    from vcloud.evaluation.predict import build_predictor
+    from vcloud.registry import get_stage, require_checkpoints
+    from vcloud.wind.stage_orders import load_wind_orders
+
+    store, out = Path(store), Path(out)
+    label = f"vcloud predict --stage {stage}"
+    if stage not in PREDICT_STAGES:
+        raise ConfigError(f"--stage {stage}: stage 0 (the autoencoder) removes no cloud; predict with stage 1, 2 or 3")
+    if batch_size < 1 or (draws is not None and draws < 1):
+        raise ConfigError("--batch-size and --draws must be at least 1")
+    if clear_pixels not in CLEAR_PIXELS:
+        raise ConfigError(f"--clear-pixels {clear_pixels}: expected one of {', '.join(CLEAR_PIXELS)}")
+    # Every input checked before anything is written.
+    reader = ShardReader(store)
+    geo, rois = georefs(store), roi_names(store)
+    cfg = load_model_config(config_path)
+    needed = require_checkpoints(get_stage(stage).predictor_needs, checkpoints, command=label)
+    weights = {str(n): checksum(Path(p), "checkpoint") for n, p in needed.items()}
+    wind = None
+    if get_stage(stage).reads_wind:
+        wind = load_wind_orders(cfg, store=store, wind_cache=wind_cache, world_size=1, command=label)
+    wind_sha = checksum(Path(wind_cache), "wind cache") if wind is not None and wind_cache is not None else None
+    wanted = parse_dates(dates) if dates else None
+    jobs = plan_jobs(reader, rois=rois, input_dates=cfg.data.input_dates, min_cover=min_cover, dates=wanted)
+    predictor = build_predictor(stage, cfg, needed, wind)  # another stage's checkpoint: one line
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    predictor.model.to(dev)
+    sampled = hasattr(predictor, "draws")
+    n_draws = (draws or cfg.stage2.model.ensemble) if sampled else None
+    with_spread = sampled and n_draws >= 2
+
+    config_text = json.dumps(config_to_dict(cfg), sort_keys=True, default=str)
+    request = {
+        "stage": stage, "weights_sha256": weights, "config_sha256": hashlib.sha256(config_text.encode()).hexdigest(),
+        "wind_cache_sha256": wind_sha, "store_metadata_sha256": checksum(store / "zarr.json", "prepared store"),
+        "dates": wanted, "min_cover": None if wanted else min_cover, "input_dates": cfg.data.input_dates,
+        "draws": n_draws, "batch_size": batch_size, "clear_pixels": clear_pixels, "device": dev.type,
+    }  # fmt: skip
+    rid = request_id(request)
+    previous = read_manifest(out).get("outputs", {}) if out.is_dir() else {}
+    finished = {job.name for job in jobs if is_finished(previous.get(job.name), out, rid)}
+    manifest = {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "producer": provenance(), "command": command,
+        "store": str(store), "config": str(config_path),
+        "checkpoints": {str(n): {"path": str(p), "sha256": weights[str(n)]} for n, p in needed.items()},
+        "wind_cache": None if wind_sha is None else {"path": str(wind_cache), "sha256": wind_sha},
+        "request": request, "request_id": rid,
+        "bands": list(S2_BANDS), "scale": f"uint16 reflectance x {S2_SCALE:g} (L1C, as the input)",
+        "clear_pixels": clear_pixels,
+        "cloud_mask": f"s2cloudless mask of the stored probability (threshold {S2CLOUDLESS_KWARGS['threshold']}, "
+                      f"average_over {S2CLOUDLESS_KWARGS['average_over']}, dilation {S2CLOUDLESS_KWARGS['dilation_size']})",
+        "uncertainty": (f"per-pixel std of {n_draws} draws (x {S2_SCALE:g}), 0 where the observation is kept"
+                        if with_spread else f"none: {_no_spread(sampled, n_draws)}"),
+        "outputs": {job.name: previous[job.name] if job.name in finished else
+                    {**job.describe(reader), "status": "pending"} for job in jobs},
+        "mosaics": {}, "complete": False,
+    }  # fmt: skip
+    log.info("%d outputs planned on %s, %d already done (request %s)", len(jobs), store, len(finished), rid)
+    if out.is_dir():
+        remove_leftover_temps(out)
+        if (out / MOSAICS).is_dir():
+            remove_leftover_temps(out / MOSAICS)
+    times = timings if timings is not None else {}
+    times.update(read=0.0, model=0.0, write=0.0, outputs=0)
+    from tqdm import tqdm
+
+    descriptions = {"prediction": list(S2_BANDS), "uncertainty": [f"{b} std" for b in S2_BANDS],
+                    "cloud": ["cloud mask (1: cloud)", f"cloud probability x {CLOUD_PROB_SCALE} (255: none)"]}  # fmt: skip
+    for group in tqdm(batches(jobs, batch_size), unit="batch", disable=None):
+        if all(job.name in finished for job in group):
+            continue
+        start = time.perf_counter()
+        batch = read_batch(reader, group)
+        tensors = {key: value.to(dev) for key, value in batch.tensors.items()}
+        times["read"] += time.perf_counter() - start
+        start = time.perf_counter()
+        with torch.no_grad():
+            if sampled:
+                samples = predictor.draws(tensors, n_draws).float()  # (N, B, 13, H, W)
+                mean = samples.mean(0)
+                spread = samples.std(0, unbiased=False).cpu().numpy() if with_spread else None
+            else:
+                mean, spread = predictor(tensors).float(), None
+            mean = mean.clamp(0, 1).cpu().numpy()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        times["model"] += time.perf_counter() - start
+        start = time.perf_counter()
+        masks = _cloud_masks(batch.cloud_prob)  # (B, H, W) uint8
+        for i, job in enumerate(group):
+            if job.name in finished:
+                continue
+            keep = masks[i] == 0 if clear_pixels == "observed" else np.zeros(masks[i].shape, bool)
+            predicted = np.round(mean[i] * S2_SCALE).astype(np.uint16)
+            predicted = np.where(keep[None], batch.observed[i], predicted)
+            georef = geo[job.location]
+            tags = {"VCLOUD_STAGE": str(stage), "DATE": job.date, "LOCATION": job.location_id,
+                    "REQUEST_ID": rid, "CLEAR_PIXELS": clear_pixels, "SCALE": str(S2_SCALE)}  # fmt: skip
+            files = {
+                "prediction": (predicted, "uint16"),
+                "cloud": (np.stack([masks[i], batch.cloud_prob[i]]), "uint8"),
+            }
+            if spread is not None:
+                uncertainty = np.round(np.clip(spread[i], 0, 1) * S2_SCALE).astype(np.uint16)
+                files["uncertainty"] = (np.where(keep[None], np.uint16(0), uncertainty), "uint16")
+            records = {}
+            for kind, (data, dtype) in files.items():
+                path = out / (f"{job.name}.tif" if kind == "prediction" else f"{job.name}_{kind}.tif")
+                write_cog(path, data.astype(dtype), crs=georef.crs, transform=georef.transform,
+                          descriptions=descriptions[kind], tags={**tags, "CONTENT": kind})  # fmt: skip
+                records[kind] = file_record(out, path)
+            manifest["outputs"][job.name] = {**job.describe(reader), "status": "done", "request_id": rid,
+                                             "files": records}  # fmt: skip
+            times["outputs"] += 1
+        write_manifest(out, manifest)  # after the batch's files: it never names an incomplete file
+        times["write"] += time.perf_counter() - start
+    manifest["mosaics"] = write_mosaics(out, jobs, geo, descriptions["prediction"])
+    manifest["complete"] = True
+    write_manifest(out, manifest)
+    made = times["outputs"]
+    log.info("%s: %d outputs made, %d kept from an earlier run, %d mosaics", out, made, len(finished),
+             len(manifest["mosaics"]))  # fmt: skip
+    return manifest
+
+
+def _no_spread(sampled: bool, draws: int | None) -> str:
+    return "1 draw (pass --draws N >= 2)" if sampled else "this stage's prediction is deterministic (no draws)"
+
+
+def _cloud_masks(prob: np.ndarray) -> np.ndarray:
+    """(B, H, W) stored probability -> the s2cloudless mask (uint8, 1 = cloud); no probability = cloud."""
+    from vcloud.data.clouds import cloud_mask
+
+    p = np.where(prob == 255, np.float32(1.0), prob.astype(np.float32) / CLOUD_PROB_SCALE)
+    return cloud_mask(p).astype(np.uint8)
+
+
+def write_mosaics(out: Path, jobs: list, geo: list, descriptions: list[str]) -> dict:
+    """One VRT per (ROI, date) over its locations' predictions; unchanged files are not rewritten."""
+    groups: dict[str, list] = {}
+    for job in jobs:
+        groups.setdefault(f"{job.roi}_{job.date}", []).append(job)
+    mosaics = {}
+    for name, group in groups.items():
+        tiles = []
+        for job in group:
+            g = geo[job.location]
+            tiles.append({"path": out / f"{job.name}.tif", "crs": g.crs, "transform": g.transform})
+        import rasterio
+
+        for tile in tiles:
+            with rasterio.open(tile["path"]) as src:
+                tile["height"], tile["width"] = src.height, src.width
+        path = out / MOSAICS / f"{name}.vrt"
+        why_not = write_vrt(path, tiles, descriptions=descriptions)
+        if why_not:
+            mosaics[name] = {"status": "not made", "reason": why_not}
+            continue
+        mosaics[name] = {"status": "done", **file_record(out, path), "locations": [job.location_id for job in group]}
+    return mosaics
