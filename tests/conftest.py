@@ -1,7 +1,10 @@
-"""Shared fixtures: tiny raw trees made by the project's own synthetic generator."""
+"""Shared fixtures: tiny raw trees made by the project's own synthetic generator; and the test
+tiers: a plain `pytest` runs the fast tier, `--tier all` (or VCLOUD_TEST_TIER=all, or any `-m`)
+the heavy ones too (docs/contributing.md lists what each needs and how long it takes)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -11,6 +14,43 @@ from vcloud.data.layout import RoiId
 
 TINY = {"patches": 2, "times": 4, "size": 32, "seed": 3}
 TINY_ROIS = [RoiId("ROIs1868", 119), RoiId("ROIs1158", 119)]
+
+# Markers of the heavy tiers (registered in pyproject.toml): left out of a plain `pytest`.
+HEAVY = ("slurm", "browser", "kill", "image", "container", "slow")
+# A test that uses one of these fixtures is in that tier without saying so itself.
+TIER_OF_FIXTURE = {"slurm_cluster": "slurm", "chromium": "browser", "squashfs_tools": "image", "pipeline_run": "slow"}
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--tier",
+        choices=("fast", "all"),
+        default=os.environ.get("VCLOUD_TEST_TIER", "fast"),
+        help="fast (default): leave out the heavy tiers (" + ", ".join(HEAVY) + "); all: run every tier. "
+        "A -m expression chooses by itself. Default from VCLOUD_TEST_TIER.",
+    )
+
+
+def pytest_report_header(config):
+    if config.getoption("--tier") == "fast" and not config.getoption("markexpr"):
+        return f"tier: fast (heavy tiers {', '.join(HEAVY)} left out: --tier all or -m MARKER runs them)"
+    return f"tier: {config.getoption('markexpr') or 'all'}"
+
+
+@pytest.hookimpl(tryfirst=True)  # the markers added here must be there before -m selects
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture, marker in TIER_OF_FIXTURE.items():
+            if fixture in item.fixturenames:
+                item.add_marker(marker)
+    if config.getoption("--tier") == "all" or config.getoption("markexpr"):
+        return
+    keep, heavy = [], []
+    for item in items:
+        (heavy if any(item.get_closest_marker(m) for m in HEAVY) else keep).append(item)
+    if heavy:
+        config.hook.pytest_deselected(items=heavy)
+        items[:] = keep
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """Headless Chromium for the viewer tests: Debian's chromium and chromium-driver, driven by selenium.
 
-When they are missing and we are root with apt-get, the session installs them once (no browser
-is downloaded by any other means); elsewhere the browser tests skip with the reason.
+tests/system-packages.sh installs them (no browser is downloaded by any other means); when they
+are missing the browser tests skip, naming that script (fail under CI=true).
 """
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import subprocess
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
+from tests.system import SCRIPT, unavailable
 
 BROWSERS = ("chromium", "chromium-browser")
 DRIVERS = ("chromedriver", "chromium-driver")
@@ -42,23 +43,10 @@ def _find() -> tuple[str, str] | None:
 
 @pytest.fixture(scope="session")
 def chromium() -> tuple[str, str]:
-    """(browser, driver) paths; apt-get installs Debian's packages once when they are missing."""
-    found = _find()
-    if found:
-        return found
-    if shutil.which("apt-get") is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
-        pytest.skip(f"needs {' and '.join(PACKAGES)}: missing, and installing them needs root and apt-get")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for command in (
-        ["apt-get", "update"],
-        ["apt-get", "install", "-y", "--no-install-recommends", *PACKAGES],
-    ):
-        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-        if proc.returncode != 0:
-            pytest.fail(f"{' '.join(command)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    """(browser, driver) paths of Debian's chromium and chromium-driver."""
     found = _find()
     if not found:
-        pytest.fail(f"apt-get installed {' '.join(PACKAGES)} but no chromium/chromedriver is on PATH")
+        unavailable(f"needs {' and '.join(PACKAGES)} (no chromium/chromedriver on PATH): run `bash {SCRIPT}` as root")
     return found
 
 

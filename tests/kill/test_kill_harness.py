@@ -24,6 +24,7 @@ import yaml
 
 from vcloud.train import checkpoint as ckpt
 
+pytestmark = pytest.mark.kill
 REPO = Path(__file__).parents[2]
 EPOCHS = 3
 # Deterministic metrics-row fields (timing and memory fields differ between any two runs).

@@ -1,14 +1,13 @@
 """`vcloud image`: the squashfs environment built the way LUMI allows (no root, no fakeroot).
 
 The container runtime is the recording stand-in (tests/lumi/bin/apptainer runs `exec`
-commands on the host); mksquashfs/unsquashfs are the real Debian squashfs-tools, installed with
-apt-get when missing and we are root, else these tests skip with the reason.
+commands on the host); mksquashfs/unsquashfs are the real Debian squashfs-tools, installed by
+tests/system-packages.sh: missing, the tests that need them skip naming it (fail under CI=true).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,20 +15,14 @@ from pathlib import Path
 import pytest
 
 from tests.lumi.helpers import REPO, apptainer_calls, stand_in_env
+from tests.system import require
 from vcloud.errors import BadInputError
 from vcloud.runtime import image
 
 
 @pytest.fixture(scope="session")
 def squashfs_tools():
-    if shutil.which("mksquashfs") and shutil.which("unsquashfs"):
-        return True
-    if shutil.which("apt-get") is None or os.geteuid() != 0:
-        pytest.skip("needs squashfs-tools: missing, and installing it needs root and apt-get")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for command in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends", "squashfs-tools"]):
-        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, proc.stderr[-2000:]
+    require("squashfs-tools", "mksquashfs", "unsquashfs")
     return True
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Bring up a real single-node SLURM cluster on this machine, for tests and CI.
 #
-#   cluster-up.sh            install (first time), configure, start, verify; exit 0 when up.
+#   cluster-up.sh            configure, start, verify; exit 0 when up. The packages come from
+#                            tests/system-packages.sh (run it once, as root).
 #                            Idempotent: when everything is already up it only re-checks
 #                            (~0.3 s, no jobs) and exits 0.
 #   cluster-up.sh --check    verify a running cluster with real jobs (srun, sbatch + sacct).
@@ -15,7 +16,7 @@
 #
 # Exit codes: 0 up / checked / stopped; 1 failure (one line "cluster-up: ..." on stderr
 # saying what and which log to read); 77 this machine cannot host it (not root, or the
-# packages are missing and there is no apt-get), which pytest fixtures turn into a skip.
+# packages are missing), which pytest fixtures turn into a skip (a failure when CI=true).
 #
 # Made for Debian 12 (slurm-wlm 22.05) as root without systemd: every daemon is started
 # by hand, detached from the caller (setsid, stdio to log files) so that a caller that
@@ -39,7 +40,6 @@ DB_NAME=slurm_acct_db
 DB_USER=slurm
 DB_PASS=vcloud-slurmdbd # test-only cluster; mariadb listens on localhost only
 
-PACKAGES=(munge mariadb-server slurm-wlm slurmctld slurmd slurmdbd slurm-client procps)
 NEEDED_BINARIES=(munged munge unmunge mysqld_safe mysqladmin mysql slurmctld slurmd slurmdbd
     sinfo srun sbatch sacct sacctmgr scontrol pgrep)
 
@@ -187,46 +187,19 @@ install_file() {
     chown "$owner" "$file"
 }
 
-# ---------------------------------------------------------------------------- install
+# ---------------------------------------------------------------------------- packages
 
+# The packages are installed by tests/system-packages.sh (as root, once), never from here.
 preflight() {
-    [[ $(id -u) == 0 ]] || skip "needs root (it installs packages and starts system daemons)"
+    [[ $(id -u) == 0 ]] || skip "needs root (it starts system daemons)"
+    export PATH="$PATH:$DAEMON_PATH"
     local b missing=()
     for b in "${NEEDED_BINARIES[@]}"; do
-        command -v "$b" >/dev/null 2>&1 || PATH="$PATH:$DAEMON_PATH" command -v "$b" >/dev/null 2>&1 || missing+=("$b")
+        command -v "$b" >/dev/null 2>&1 || missing+=("$b")
     done
-    if ((${#missing[@]})) && ! command -v apt-get >/dev/null 2>&1; then
-        skip "SLURM is not installed (${missing[*]} missing) and there is no apt-get to install it"
+    if ((${#missing[@]})); then
+        skip "SLURM is not installed (${missing[*]} missing): run \`bash tests/system-packages.sh\` as root"
     fi
-    export PATH="$PATH:$DAEMON_PATH"
-}
-
-install_packages() {
-    local b missing=0
-    for b in "${NEEDED_BINARIES[@]}"; do command -v "$b" >/dev/null 2>&1 || missing=1; done
-    ((missing)) || return 0
-    mkdir -p "$LOG_DIR"
-    local log=$LOG_DIR/cluster-up-apt.log
-    say "installing ${PACKAGES[*]} (log: $log)"
-    # No init system here: keep package scripts from starting daemons with
-    # default configs (Docker images ship such a policy-rc.d already).
-    local policy_added=0
-    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
-        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
-        chmod +x /usr/sbin/policy-rc.d
-        policy_added=1
-    fi
-    local rc=0
-    {
-        apt-get update -q -o DPkg::Lock::Timeout=300 &&
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-                -o DPkg::Lock::Timeout=300 "${PACKAGES[@]}"
-    } >"$log" 2>&1 || rc=$?
-    ((policy_added)) && rm -f /usr/sbin/policy-rc.d
-    ((rc == 0)) || die "apt-get failed (exit $rc), see $log"
-    for b in "${NEEDED_BINARIES[@]}"; do
-        command -v "$b" >/dev/null 2>&1 || die "$b still missing after install, see $log"
-    done
 }
 
 # ---------------------------------------------------------------------------- config
@@ -605,7 +578,6 @@ full_check() {
 
 cmd_up() {
     local t0=$SECONDS
-    install_packages
     prepare_dirs
     write_configs
     start_munge

@@ -1,8 +1,8 @@
 """Against a real SLURM (Debian slurm-wlm, one node, partitions named as on LUMI).
 
-tests/slurm/cluster-up.sh brings the cluster up (installing it with apt when needed); where
-that is impossible (no root, no apt-get) it exits 77 and these tests skip with its reason.
-CI runs them.
+tests/slurm/cluster-up.sh brings the cluster up from the packages that tests/system-packages.sh
+installs; where that is impossible (not root, packages missing) it exits 77 and these tests skip
+with its reason (fail under CI=true: CI runs them).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from tests.lumi.helpers import (
     stand_in_env,
     write_overlay,
 )
+from tests.system import unavailable
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -63,7 +64,7 @@ def slurm_cluster():
     proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=1200)
     lines = (proc.stdout + proc.stderr).strip().splitlines() or ["(no output)"]
     if proc.returncode == 77:
-        pytest.skip(f"no SLURM here: {lines[-1]}")
+        unavailable(f"no SLURM here: {lines[-1]}")
     assert proc.returncode == 0, "\n".join(lines[-30:])
     return True
 
