@@ -14,6 +14,7 @@ of SEN12MS-CR-TS does).
 from __future__ import annotations
 
 import hashlib
+import warnings
 from pathlib import Path
 from xml.sax.saxutils import escape
 
@@ -63,7 +64,9 @@ def write_cog(
             dataset.write(data)
             dataset.descriptions = tuple(descriptions)
             dataset.update_tags(**tags)
-        with memory.open() as source, atomic_output(out) as tmp:
+        with memory.open() as source, atomic_output(out) as tmp, warnings.catch_warnings():
+            # rio-cogeo's own use of affine's `*` (its concern, harmless here)
+            warnings.filterwarnings("ignore", category=PendingDeprecationWarning, module="rio_cogeo")
             cog_translate(source, tmp, cog, in_memory=True, quiet=True, overview_resampling="average")
 
 

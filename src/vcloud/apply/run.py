@@ -59,6 +59,8 @@ MOSAICS = "mosaics"
 
 def checksum(path: Path, what: str) -> str:
     """SHA-256 of an input file; one line naming it when it is missing or unreadable."""
+    if not Path(path).is_file():
+        raise BadInputError(f"{path}: {what} not found")
     try:
         return sha256_file(path)
     except OSError as err:

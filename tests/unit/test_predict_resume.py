@@ -1,0 +1,86 @@
+"""`vcloud predict` SIGKILLed after its first output, then run again with the same command."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.unit.predict_fixtures import predict_args, tiny_checkpoints
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors on a shared machine
+
+# Every date with an S2 image (8 outputs), one image per batch: the kill lands mid-run.
+EXTRA = ("--min-cover", "-1", "--batch-size", "1", "--draws", "2")
+
+
+def _command(store, out, ckpt) -> list[str]:
+    return [sys.executable, "-m", "vcloud.cli", *predict_args(store, out, ckpt, *EXTRA)]
+
+
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}  # as the one_thread fixture, in the child
+
+
+def _files(out):
+    return {p.relative_to(out).as_posix(): p for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_killed_run_resumes_with_identical_files_redoing_only_unfinished(tiny_store, tmp_path):
+    from vcloud.cli import main
+
+    ckpt = tiny_checkpoints(tmp_path / "ckpt")
+    reference = tmp_path / "reference"
+    assert main(predict_args(tiny_store, reference, ckpt, *EXTRA)) == 0
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        _command(tiny_store, out, ckpt), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ONE_THREAD
+    )
+    deadline = time.monotonic() + 120
+    while not (out / "manifest.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)  # the manifest appears once the first batch's files are whole
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    manifest = json.loads((out / "manifest.json").read_text())
+    done = [name for name, entry in manifest["outputs"].items() if entry["status"] == "done"]
+    if manifest["complete"] or len(done) == len(manifest["outputs"]):
+        pytest.skip("the run finished before the kill landed")
+    kept = {path: (p.stat().st_ino, p.stat().st_mtime_ns) for path, p in _files(out).items()
+            if any(path.startswith(name) for name in done)}  # fmt: skip
+    assert kept
+
+    rerun = subprocess.run(_command(tiny_store, out, ckpt), capture_output=True, text=True, env=ONE_THREAD)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"{len(done)} already done" in rerun.stderr
+    files, expected = _files(out), _files(reference)
+    assert sorted(files) == sorted(expected)  # and no temporary file left behind
+    for name, path in files.items():
+        if name != "manifest.json":
+            assert path.read_bytes() == expected[name].read_bytes(), name
+    for path, stamp in kept.items():  # finished outputs were not written again
+        assert (files[path].stat().st_ino, files[path].stat().st_mtime_ns) == stamp, path
+    final = json.loads((out / "manifest.json").read_text())
+    assert final["complete"] and final["outputs"] == json.loads((reference / "manifest.json").read_text())["outputs"]
+
+
+def test_a_damaged_output_is_made_again(tiny_store, tmp_path):
+    """Resume trusts checksums, not existence: a finished file changed on disk is redone."""
+    from vcloud.cli import main
+
+    ckpt = tiny_checkpoints(tmp_path / "ckpt")
+    out = tmp_path / "out"
+    args = predict_args(tiny_store, out, ckpt, "--dates", "2018-05-17")
+    assert main(args) == 0
+    target = out / "ROIs1868_119_p0_2018-05-17.tif"
+    good = target.read_bytes()
+    target.write_bytes(good[:-10])
+    other = out / "ROIs1868_119_p1_2018-05-17.tif"
+    stamp = other.stat().st_mtime_ns
+    assert main(args) == 0
+    assert target.read_bytes() == good and other.stat().st_mtime_ns == stamp
