@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+# Each runs a benchmark script end to end (20-60 s apiece here): the slow tier.
+pytestmark = pytest.mark.slow
 ROOT = Path(__file__).parents[2]
 TINY_TREE = ["--patches", "1", "--times", "3", "--size", "32"]
 
