@@ -19,7 +19,7 @@ Where the fit is wrong (shadows, surface change) the refiner learns not to trust
 is multiplied by the visibility 1 - a: where the date is not seen (opaque cloud) it corrects
 nothing (measured: without it, the refiner lost 0.75 dB on opaque validation samples).
 Why pixel space: decoding through the stage-0 autoencoder caps the result at the autoencoder's
-quality (measured on the default run: see the README); a pixel residual has no such cap.
+quality (measured on the default run: see docs/training.md); a pixel residual has no such cap.
 Why residual + x0: the output head starts at zero, so an untrained refiner returns the draft
 unchanged ("no correction", what stage 2's best-checkpoint guard compares with), and training
 only has to learn the correction. Sampling is deterministic DDIM (eta = 0): the only randomness

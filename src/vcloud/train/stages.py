@@ -18,7 +18,7 @@
   kept pseudo-labels, around the same frozen stage-1 draft. The rule is also applied to
   validation samples (truth known): pseudo_labels.json reports the kept and rejected groups'
   PSNR. Validated before training too (the start is stage 2 exactly), so stage 3 never ships
-  worse than stage 2. Measured (README, Training): fine-tuning the CFDT draft model instead, and
+  worse than stage 2. Measured (docs/training.md): fine-tuning the CFDT draft model instead, and
   refining its drafts with the stage-2 refiner, tied stage 2 (the refiner was trained on
   stage-1 drafts); the refiner as student gained +0.17 dB over a 4-step stage 2, and with the
   small config's 2-step sampler no fine-tune tried beats stage 2, which then ships unchanged.
