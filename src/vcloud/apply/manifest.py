@@ -3,8 +3,10 @@ files and their SHA-256.
 
 A rerun takes an output as finished only when the manifest records it as done for the same
 request (same stage, weights, config, store, settings: `request_id`) and every one of its files
-is there with the recorded checksum; anything else is made again. The manifest is rewritten
-whole (atomically) after every batch, so it never claims a file that is not complete on disk.
+is there with the recorded checksum; anything else is made again. While a run goes on the
+manifest is `manifest.partial.json`, rewritten whole (atomically) after every batch, so it never
+claims a file that is not complete on disk; `manifest.json` appears only when every output and
+mosaic is made (the workflow's declared output: it exists only for a complete run).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from vcloud.io import atomic_write_json
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+PARTIAL = "manifest.partial.json"
 FORMAT = "vcloud-predictions"
 FORMAT_VERSION = 1
 
@@ -32,7 +35,9 @@ def request_id(request: dict) -> str:
 
 def read_manifest(out: Path) -> dict:
     """The manifest a previous run left in `out`, or {} (none, unreadable, or not ours: all is redone)."""
-    path = Path(out) / MANIFEST
+    path = Path(out) / PARTIAL
+    if not path.is_file():
+        path = Path(out) / MANIFEST
     if not path.is_file():
         return {}
     try:
@@ -61,5 +66,8 @@ def file_record(out: Path, path: Path) -> dict:
     return {"path": Path(path).relative_to(out).as_posix(), "sha256": sha256_file(path)}
 
 
-def write_manifest(out: Path, manifest: dict) -> None:
-    atomic_write_json(Path(out) / MANIFEST, manifest, indent=1, sort_keys=False)
+def write_manifest(out: Path, manifest: dict, *, final: bool = False) -> None:
+    """The partial manifest during a run; with `final` the complete one, the partial removed."""
+    atomic_write_json(Path(out) / (MANIFEST if final else PARTIAL), manifest, indent=1, sort_keys=False)
+    if final:
+        (Path(out) / PARTIAL).unlink(missing_ok=True)

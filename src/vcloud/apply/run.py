@@ -10,6 +10,7 @@ Outputs under `out` (names from apply/plan.py, files from apply/geo.py):
                                              (stages 2-3 with --draws >= 2; none otherwise)
     mosaics/<ROIs>_<roi>_<YYYY-MM-DD>.vrt    the ROI's locations of that date in one grid
     manifest.json                            provenance, request, per output status, files, SHA-256
+                                             (manifest.partial.json while the run is not complete)
 
 Every file keeps the CRS and geotransform the store recorded for its location. With
 `clear_pixels="observed"` (default) pixels the cloud mask calls clear keep their observed
@@ -193,7 +194,7 @@ def predict(*, store: Path, out: Path, stage: int, checkpoints: dict[int, Path],
         times["write"] += time.perf_counter() - start
     manifest["mosaics"] = write_mosaics(out, jobs, geo, descriptions["prediction"])
     manifest["complete"] = True
-    write_manifest(out, manifest)
+    write_manifest(out, manifest, final=True)
     made = times["outputs"]
     log.info("%s: %d outputs made, %d kept from an earlier run, %d mosaics", out, made, len(finished),
              len(manifest["mosaics"]))  # fmt: skip
