@@ -1,14 +1,25 @@
 """Shared by the LUMI-profile workflow tests and the real-SLURM tests: a tiny overlay config,
-the stand-in apptainer on PATH, and a reader for its call log."""
+the strict apptainer stand-in on PATH with its image and squashfs environment, and a reader
+for its call log.
+
+The stand-in (tests/lumi/bin/apptainer) is as strict as a container: PATH is the image's
+default plus SINGULARITYENV_PREPEND_PATH, and only the binds, the home and the physical working
+directory are visible. So the tests' runs need what a LUMI run needs: `vcloud` from the
+squashfs environment (built here with the real mksquashfs, stamped with this checkout) and
+every path they use under a bind.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
 
+from tests.system import require
 from vcloud.runtime.lumi import Cluster
 from vcloud.runtime.profile import load_workflow_config
 
@@ -18,15 +29,63 @@ STAND_IN = REPO / "tests" / "lumi" / "bin"
 TEST_ACCOUNT = "project_465000000"
 
 
-def write_overlay(workdir: Path, **extra) -> tuple[Path, Cluster]:
-    """A config over config/lumi.yaml: one synthetic ROI of one 32-px location, a dummy image."""
-    image = workdir / "image.sif"
-    image.write_text("stand-in image\n")
+def require_stand_in() -> None:
+    """The stand-in needs bubblewrap (the sandbox) and squashfs-tools (the environment)."""
+    require("bubblewrap and squashfs-tools", "bwrap", "mksquashfs", "unsquashfs")
+
+
+def write_stand_in_image(folder: Path) -> Path:
+    """A stand-in of the CSC image: its Python (with torch) first on the image's PATH, and no
+    `vcloud` anywhere on that PATH, as in the real image."""
+    folder.mkdir(parents=True, exist_ok=True)
+    bin_dir = folder / "image-bin"
+    bin_dir.mkdir(exist_ok=True)
+    python = bin_dir / "python3"
+    if not python.exists():
+        python.symlink_to(sys.executable)
+    image = folder / "image.sif"
+    lines = ["stand-in image", f"ro {sys.base_prefix}", f"ro {sys.prefix}", f"ro {REPO / 'src'}", f"ro {bin_dir}"]
+    lines.append(f"path {bin_dir}")
+    image.write_text("\n".join(dict.fromkeys(lines)) + "\n")
+    return image
+
+
+def build_env_image(folder: Path) -> Path:
+    """The squashfs environment `vcloud image` makes, reduced to what a job uses: the venv's
+    python and `vcloud` at /user-software/venv/bin, and the stamp of this checkout."""
+    from vcloud.runtime.image import STAMP, version_stamp
+
+    require_stand_in()
+    out = folder / "vcloud-env.sqsh"
+    if out.is_file():
+        return out
+    env = folder / "env-build"
+    venv_bin = env / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python3").symlink_to(sys.executable)
+    script = venv_bin / "vcloud"
+    script.write_text("#!/user-software/venv/bin/python3\nimport sys\nfrom vcloud.cli import main\nsys.exit(main())\n")
+    script.chmod(0o755)
+    (env / STAMP).write_text(version_stamp(REPO) + "\n")
+    subprocess.run(["mksquashfs", str(env), str(out), "-noappend", "-quiet", "-no-xattrs"], check=True)
+    return out
+
+
+def write_overlay(workdir: Path, *, binds: list[str] | None = None, **extra) -> tuple[Path, Cluster]:
+    """A config over config/lumi.yaml: one synthetic ROI of one 32-px location, the stand-in
+    image and environment, and binds that cover the work folder (or `binds`)."""
+    image = write_stand_in_image(workdir / "container")
+    env_image = build_env_image(workdir / "container")
     overlay = {
         "synthetic": {"enabled": True, "rois": ["ROIs1868/119"], "patches": 1},
         "data": {"patch_size": 32},
         "paths": {"prepared": "results/prepared"},
-        "cluster": {"account": TEST_ACCOUNT, "image": str(image)},
+        "cluster": {
+            "account": TEST_ACCOUNT,
+            "image": str(image),
+            "env_image": str(env_image),
+            "binds": binds or [str(workdir)],
+        },
         # The test node has 2 cores: the LUMI requests (4 cores, 16 GB) would never start.
         "resources": {
             rule: {"runtime": 20, "mem_mb": 2000, "threads": 1, "partition": "small"}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lumi.helpers import REPO, apptainer_calls, stand_in_env
+from tests.lumi.helpers import REPO, apptainer_calls, require_stand_in, stand_in_env, write_stand_in_image
 from tests.system import require
 from vcloud.errors import BadInputError
 from vcloud.runtime import image
@@ -39,27 +39,32 @@ def test_commands_make_the_venv_inside_the_image_and_pack_it(tmp_path):
 
 
 def test_build_with_the_stand_in_and_real_mksquashfs_then_the_doctor_reads_the_stamp(tmp_path, squashfs_tools):
+    require_stand_in()
     env = stand_in_env(tmp_path)
-    base = tmp_path / "csc.sif"
-    base.write_text("stand-in image\n")
+    base = write_stand_in_image(tmp_path)
     out = tmp_path / "projappl" / "vcloud-env.sqsh"
     old_path = os.environ["PATH"]
     os.environ["PATH"] = env["PATH"]
     os.environ["VCLOUD_APPTAINER_LOG"] = env["VCLOUD_APPTAINER_LOG"]
     try:
-        # mount=None: the stand-in ignores binds and runs on the host, so the venv is made
-        # where it is built; on LUMI it is made at /user-software inside the image.
-        lines = image.build(base=str(base), repo=REPO, out=out, mount=None, runner="apptainer")
+        # mount=None: the build folder bound at its own path (node-local, under $TMPDIR); on
+        # LUMI it is bound at /user-software inside the image.
+        lines = image.build(
+            base=str(base), repo=REPO, out=out, mount=None, runner="apptainer", workdir=tmp_path / "node-tmp"
+        )
     finally:
         os.environ["PATH"] = old_path
         os.environ.pop("VCLOUD_APPTAINER_LOG")
-    assert len(lines) == 5 and lines[-1].startswith("mksquashfs ")
+    assert len(lines) == 6 and lines[-1].startswith("mksquashfs ") and lines[-1].endswith("-no-xattrs")
     calls = [c["argv"] for c in apptainer_calls(tmp_path)]
-    assert len(calls) == 4 and all(c[0] == "exec" and str(base) in c for c in calls)
+    assert len(calls) == 5 and all(c[0] == "exec" and str(base) in c for c in calls)
+    # pip was held to the image's own torch and numpy, and to the tested versions.
+    assert "-c" in calls[2] and str(REPO / "containers/image-constraints.txt") in calls[2]
+    assert not list((tmp_path / "node-tmp").iterdir())  # the node-local build folder is gone
     assert out.is_file() and not list(out.parent.glob("*.partial")) and not list(out.parent.glob(".vcloud-image-*"))
     listing = subprocess.run(["unsquashfs", "-l", str(out)], capture_output=True, text=True, check=True).stdout
     assert "squashfs-root/venv/bin/python" in listing and "squashfs-root/vcloud-version" in listing
-    assert image.read_stamp(out) == image.version_stamp(REPO)
+    assert image.same_code(image.read_stamp(out), image.version_stamp(REPO))
     assert image.check(image=str(base), env_image=str(out), repo=REPO) == []
     # An environment of other code is named, with the way out.
     stale = tmp_path / "stale"
@@ -102,5 +107,27 @@ def test_cli_dry_run_prints_the_commands():
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].startswith("singularity exec -B ") and "--system-site-packages /user-software/venv" in lines[0]
+    assert lines[0].startswith("singularity exec ") and "sys.version_info" in lines[0]  # the image's Python
+    assert lines[1].startswith("singularity exec -B ") and "--system-site-packages /user-software/venv" in lines[1]
     assert lines[-1].startswith("mksquashfs ") and Path("/tmp/x.sqsh.partial").name in lines[-1]
+
+
+def test_an_image_python_older_than_3_11_is_refused_in_one_line():
+    with pytest.raises(BadInputError) as err:
+        image.image_pins("python 3.10.12\ntorch==2.5.1+rocm6.2.4\nnumpy==1.26.4\n", "/appl/csc.sif")
+    assert str(err.value).startswith("/appl/csc.sif: the image's Python is 3.10.12; zarr 3 and xarray need >= 3.11")
+    pins = image.image_pins("python 3.12.3\ntorch==2.5.1+rocm6.2.4\nnumpy==1.26.4\n", "/appl/csc.sif")
+    assert pins == ["torch==2.5.1+rocm6.2.4", "numpy==1.26.4"]
+
+
+def test_the_stamp_follows_uncommitted_source_edits(tmp_path, monkeypatch):
+    """An edit of src/ without a commit changes the stamp, so a stale environment is caught."""
+    import vcloud
+
+    fake = tmp_path / "vcloud"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("x = 1\n")
+    monkeypatch.setattr(vcloud, "__file__", str(fake / "__init__.py"))
+    before = image.source_digest(REPO)
+    (fake / "__init__.py").write_text("x = 2\n")
+    assert image.source_digest(REPO) != before

@@ -93,7 +93,7 @@ def test_shipped_lumi_config_passes_once_account_is_set(base, model_set):
     [
         {"gpus": 1, "cpus_per_gpu": 16},  # the seeds' sbatch: cores decide (max(2, 1, 1))
         {"gpus": 2, "mem_mb_per_gpu": 200000},  # memory decides
-        {"gpus": 8},  # GCDs decide; memory follows them
+        {"gpus": 8, "partition": "dev-g", "runtime": 180},  # GCDs decide; memory follows them
         {"gpus": 4, "cpus_per_gpu": 7, "partition": "dev-g", "runtime": 180},
     ],
 )
@@ -133,8 +133,10 @@ def test_set_resources_moves_the_doctor_and_bad_ones_are_refused(base, model_set
     over = {"train_stage1": {"gpu": 8}}
     report = run(base, model_set, overrides=over)
     config = copy.deepcopy(base)
-    config["resources"]["train_stage1"]["gpus"] = 8
+    # A whole node goes to standard-g, its wall time capped at standard-g's 2 days.
+    config["resources"]["train_stage1"].update(gpus=8, partition="standard-g", runtime=2880)
     assert any(f"total {expected_total(config):.1f} GPU-h" in line for line in report.lines)
+    assert any("train_stage1" in line and "4 x 1 nodes" in line for line in report.lines)
     report = run(base, model_set, overrides={"train_stage1": {"tasks_per_gpu": 1}})
     assert report.errors == [
         "--set-resources train_stage1:tasks_per_gpu: vcloud sets the task geometry "
@@ -171,7 +173,7 @@ def test_rocm_is_refused(base, model_set):
 
 @pytest.mark.parametrize(
     "missing",
-    ["/opt/cray/libfabric", "/scratch/project_465000123", "/projappl/project_465000123", "/flash/project_465000123"],
+    ["/opt/cray", "/pfs", "/scratch/project_465000123", "/projappl/project_465000123", "/flash/project_465000123"],
 )
 def test_each_missing_bind_is_named(base, model_set, missing):
     args = " ".join(f"-B {p}" for p in Cluster.from_config(base).binds if p != missing)
@@ -212,7 +214,7 @@ def test_placeholder_account(base, model_set):
             "resources.train_stage1.gpus: standard-g allocates and bills whole nodes",
         ),
         ({"gpus": 9}, "resources.train_stage1.gpus: 9 per node, but a small-g node has 8 GCDs"),
-        ({"nodes": 2, "gpus": 8}, "resources.train_stage1.nodes: 2 nodes do not fit small-g"),
+        ({"nodes": 2, "gpus": 4}, "resources.train_stage1.nodes: 2 nodes do not fit small-g"),
         ({"partition": "gpu-a100"}, "resources.train_stage1.partition: 'gpu-a100' is not one of"),
         ({"cpus_per_gpu": 8, "gpus": 8}, "resources.train_stage1.cpus_per_gpu: 8 x 8 GCDs"),
         ({"gpus": 0}, "resources.train_stage1.gpus: 0 on the GPU partition small-g"),
@@ -293,10 +295,112 @@ def test_cli_exits_nonzero_with_one_line_per_problem(tmp_path):
     errors = [line for line in out.stdout.splitlines() if line.startswith("error:")]
     image = "/appl/local/csc/soft/ai/images/pytorch_2.5.1_lumi_rocm6.2.4_flash-attn-3.0.0.post1.sif"
     env = "/projappl/project_465XXXXXX/vcloud/vcloud-env.sqsh"
-    assert errors == [
+    # Off LUMI, the binds' sources are missing here and the repository is outside them too.
+    assert errors[0] == (
         "error: cluster.account: 'project_465XXXXXX' is a placeholder; set your LUMI "
-        "project (e.g. project_465000123) in config/lumi.yaml",
-        f"error: cluster.image: {image} not found; see the README quick start (`vcloud image`)",
-        f"error: cluster.env_image: {env} not found; build it with `vcloud image`",
-    ]
+        "project (e.g. project_465000123) in config/lumi.yaml"
+    )
+    assert "error: cluster.binds: /pfs does not exist on this node; apptainer refuses a missing bind source" in errors
+    assert any(e.startswith("error: working directory: . (really ") for e in errors)
+    assert f"error: cluster.image: {image} not found; see the README quick start (`vcloud image`)" in errors
+    assert f"error: cluster.env_image: {env} not found; build it with `vcloud image`" in errors
     assert "stage-1 memory estimate" in out.stdout and "GPU-h budget" in out.stdout
+
+
+# --- the paths jobs see, whole nodes, dev-g, host versions ----------------------------------
+
+
+def _lumi_like(tmp_path, base):
+    """A LUMI-like tree: /scratch/<project> a symlink into /pfs/lustrep2, the clone in it."""
+    real = tmp_path / "pfs" / "lustrep2" / "scratch" / "project_465000123"
+    (real / "vcloud" / "code").mkdir(parents=True)
+    (real / "vcloud" / "data" / "SEN12MS-CR-TS").mkdir(parents=True)
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "scratch" / "project_465000123").symlink_to(real)
+    config = copy.deepcopy(base)
+    config["cluster"]["binds"] = [str(tmp_path / "scratch" / "project_465000123")]
+    config["cluster"]["env_image"] = None
+    return config, tmp_path / "scratch" / "project_465000123" / "vcloud" / "code", real
+
+
+def test_paths_behind_a_symlink_need_their_real_folder_bound(tmp_path, base, model_set):
+    from vcloud.runtime.doctor import check_paths
+
+    config, code, real = _lumi_like(tmp_path, base)
+    report = Report()
+    check_paths(config, Cluster.from_config(config), report, code)
+    keys = [e.split(":")[0] for e in report.errors]
+    assert keys == ["working directory", "data.raw", "data.wind_table", "paths.prepared", "paths.results"]
+    assert report.errors[3] == (
+        f"paths.prepared: ../data/prepared (really {real / 'vcloud/data/prepared'}) is outside every bind of "
+        f"cluster.binds, so no container sees it; add /{str(real).strip('/').split('/')[0]} (or that folder) to "
+        "cluster.binds and run `vcloud lumi-profile`"
+    )
+    config["cluster"]["binds"].append(str(tmp_path / "pfs"))
+    report = Report()
+    check_paths(config, Cluster.from_config(config), report, code)
+    assert report.errors == []
+
+
+def test_missing_bind_source_is_named(tmp_path, base, model_set):
+    from vcloud.runtime.doctor import check_paths
+
+    config, code, _ = _lumi_like(tmp_path, base)
+    config["cluster"]["binds"] += [str(tmp_path / "pfs"), str(tmp_path / "flash")]
+    report = Report()
+    check_paths(config, Cluster.from_config(config), report, code)
+    assert report.errors == [
+        f"cluster.binds: {tmp_path / 'flash'} does not exist on this node; apptainer refuses a missing bind source"
+    ]
+
+
+def test_a_whole_node_goes_to_standard_g_with_one_task_per_gcd(base):
+    from vcloud.runtime.lumi import RuleResources, launch_prefix, slurm_resources
+
+    cluster = Cluster.from_config(base)
+    res = cluster.place(RuleResources.from_config(base, "train_stage1").with_overrides({"gpu": 8}), {"gpu": 8})
+    assert (res.partition, res.runtime) == ("standard-g", 2880)  # capped at standard-g's 2 days
+    slurm = slurm_resources(res, cluster)
+    assert slurm["tasks_per_node"] == 8 and slurm["slurm_partition"] == "standard-g"
+    line = launch_prefix(res, cluster)
+    assert "srun --nodes=1 --ntasks-per-node=8 --gpus-per-node=8 --cpu-bind=mask_cpu:0xfe000000000000," in line
+    assert "torchrun" not in line
+    # Set on the command line, the partition stays, and the doctor names the price.
+    over = {"gpu": 8, "slurm_partition": "small-g"}
+    kept = cluster.place(RuleResources.from_config(base, "train_stage1").with_overrides(over), over)
+    assert kept.partition == "small-g" and "torchrun --standalone" in launch_prefix(kept, cluster)
+    report = run(base, load_model_config(REPO / "config/models/full.yaml"), overrides={"train_stage1": over})
+    assert any(
+        w.startswith("resources.train_stage1: all 8 GCDs of a node on small-g cost 4 GPU-h/h") for w in report.warnings
+    )
+
+
+def test_dev_g_runs_one_job_at_a_time(base):
+    from vcloud.runtime.lumi import RuleResources, slurm_resources
+    from vcloud.runtime.profile import render
+
+    config = copy.deepcopy(base)
+    config["resources"]["train_stage1"].update(partition="dev-g", runtime=60)
+    cluster = Cluster.from_config(config)
+    assert slurm_resources(RuleResources.from_config(config, "train_stage1"), cluster)["dev_g_jobs"] == 1
+    assert "dev_g_jobs" not in slurm_resources(RuleResources.from_config(config, "train_stage2"), cluster)
+    assert "resources:\n- dev_g_jobs=1\n" in render(cluster)
+
+
+def test_host_python_below_3_11_says_what_to_load():
+    from vcloud.runtime.profile import host_python_problem
+
+    assert host_python_problem((3, 11, 7)) is None
+    assert host_python_problem((3, 6, 15)) == (
+        "python: 3.6.15 on the host; snakemake 9 and the SLURM plugin need >= 3.11: on LUMI `module load "
+        "cray-python` (the OS python3 is 3.6), then make the venv again (README, LUMI quick start)"
+    )
+
+
+def test_host_versions_other_than_the_pins_are_named(tmp_path, monkeypatch):
+    from vcloud.runtime import profile
+
+    (tmp_path / profile.HOST_CONSTRAINTS).write_text("snakemake==1.0.0  # tested\nother==2\n")
+    warnings = profile.version_warnings(tmp_path)
+    assert len(warnings) == 1 and warnings[0].startswith("snakemake: ") and "tested with 1.0.0" in warnings[0]
+    assert profile.version_warnings(REPO) == []  # this machine runs the pinned host versions

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.lumi.helpers import require_stand_in, write_stand_in_image
 from vcloud.errors import ConfigError
 from vcloud.runtime import env as runtime_env
 from vcloud.runtime.lumi import (
@@ -116,7 +117,8 @@ def test_multinode_line_geometry_masks_binds_image(lumi_config, cluster):
     # Seed 003: GCD 0 next to cores 49-55 (fe000000000000), GCD 1 next to 57-63, ...
     assert f"--cpu-bind=mask_cpu:{','.join(LUMI_CPU_MASKS)}" in srun
     for path in (
-        "/opt/cray/libfabric",
+        "/opt/cray",
+        "/pfs",
         "/scratch/project_465000123",
         "/projappl/project_465000123",
         "/flash/project_465000123",
@@ -142,6 +144,7 @@ def _stub(folder: Path, name: str, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
+@pytest.mark.container
 def test_multinode_line_runs_master_from_squeue_not_nodelist(tmp_path, lumi_config, cluster):
     """The jobstep strips SLURM_NODELIST; the line must find rank 0's host from the job id."""
     bin_dir = tmp_path / "bin"
@@ -150,9 +153,9 @@ def test_multinode_line_runs_master_from_squeue_not_nodelist(tmp_path, lumi_conf
     _stub(bin_dir, "scontrol", '[[ "$1 $2" == "show hostnames" ]] && printf "%s\\n" nid005001 nid005002\n')
     # srun: drop its options, run the rest once (one task is enough to see the wiring).
     _stub(bin_dir, "srun", 'while [[ "$1" == --* ]]; do echo "$1" >> "$SRUN_LOG"; shift; done\nexec "$@"\n')
-    image = tmp_path / "image.sif"
-    image.write_text("")
-    cl = dataclasses.replace(cluster, image=str(image))
+    require_stand_in()
+    image = write_stand_in_image(tmp_path)
+    cl = dataclasses.replace(cluster, image=str(image), binds=(str(tmp_path),), env_image=None)
     line = multinode_prefix(multinode(lumi_config), cl)
     environ = {
         "PATH": f"{bin_dir}:{STAND_IN}:{os.environ['PATH']}",

@@ -1,8 +1,10 @@
 """`snakemake --profile lumi` from the repository root, as typed, with a stand-in apptainer.
 
 Apptainer cannot be installed on the CI machine: tests/lumi/bin/apptainer records its
-arguments and runs the command on the host. These tests run snakemake's local executor with
-the lumi profile (so the container wrapping is real); tests/slurm/ runs it through SLURM.
+arguments and runs the command in a sandbox as strict as a container (the image's PATH plus
+SINGULARITYENV_PREPEND_PATH; only the binds, the home and the physical working directory are
+visible). These tests run snakemake's local executor with the lumi profile, so every rule runs
+as a local rule does on a LUMI login node; tests/slurm/ runs it through SLURM.
 """
 
 from __future__ import annotations
@@ -12,10 +14,24 @@ import sys
 
 import pytest
 
-from tests.lumi.helpers import REPO, TEST_ACCOUNT, binds_of, exec_calls, stand_in_env, write_overlay
+from tests.lumi.helpers import (
+    REPO,
+    TEST_ACCOUNT,
+    binds_of,
+    exec_calls,
+    require_stand_in,
+    stand_in_env,
+    write_overlay,
+)
 
 pytestmark = pytest.mark.workflow
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+
+
+@pytest.fixture(autouse=True)
+def _stand_in(request):
+    if request.node.get_closest_marker("container"):
+        require_stand_in()
 
 
 def snakemake(args, workdir, env, check=True):
@@ -66,7 +82,11 @@ def test_real_run_with_placeholder_account_submits_nothing(tmp_path):
     assert exec_calls(tmp_path) == []
 
 
+@pytest.mark.container
 def test_rules_run_in_the_image_with_the_binds_and_never_rocm(tmp_path):
+    """Every rule, run where snakemake runs (as era5_wind and the report rules do on a LUMI
+    login node), finds `vcloud` in the squashfs environment: snakemake gives the profile's
+    precommand to remote jobs only, so the workflow exports the container environment itself."""
     overlay, cluster = write_overlay(tmp_path)
     env = stand_in_env(tmp_path)
     # One job at a time: the recording stand-in appends one JSON line per call to one file.
@@ -97,21 +117,79 @@ def test_rules_run_in_the_image_with_the_binds_and_never_rocm(tmp_path):
         argv = call["argv"]
         assert "--rocm" not in argv
         assert argv[argv.index("bash") - 1] == cluster.image  # the image, right before the command
-        binds = binds_of(argv)
-        for path in (
-            "/opt/cray/libfabric",
-            f"/scratch/{TEST_ACCOUNT}",
-            f"/projappl/{TEST_ACCOUNT}",
-            f"/flash/{TEST_ACCOUNT}",
-        ):
-            assert path in binds
+        assert set(cluster.binds) <= set(binds_of(argv))
+        assert f"{cluster.env_image}:/user-software:image-src=/" in binds_of(argv)
+        assert call["env"]["SINGULARITYENV_PREPEND_PATH"] == "/user-software/venv/bin"
+        assert call["containlibs"] == ",".join(cluster.containlibs)
     assert (tmp_path / "results/prepared/rois/ROIs1868_119.zarr/zarr.json").is_file()
 
 
+def _lumi_tree(root):
+    """/scratch/<project> as on LUMI: a symlink to /pfs/lustrep2/scratch/<project>."""
+    real = root / "pfs" / "lustrep2" / "scratch" / TEST_ACCOUNT
+    (real / "vcloud" / "code").mkdir(parents=True)
+    (root / "scratch").mkdir()
+    (root / "scratch" / TEST_ACCOUNT).symlink_to(real)
+    return root / "scratch" / TEST_ACCOUNT / "vcloud" / "code"
+
+
+@pytest.mark.container
+def test_working_directory_through_the_scratch_symlink(tmp_path):
+    """The clone reached through /scratch/<project> (a symlink): jobs start in the physical
+    /pfs path and `../data` lies there. Bound without /pfs, the start check names the path and
+    submits nothing; with /pfs bound (config/lumi.yaml), the rules see it and the run passes."""
+    lumi = tmp_path / "lumi"
+    code = _lumi_tree(lumi)
+    container = tmp_path / "container"
+    container.mkdir()
+    extra = {"paths": {"prepared": "../data/prepared"}}
+    scratch_only = [str(lumi / "scratch" / TEST_ACCOUNT), str(container)]
+    overlay, cluster = write_overlay(container, binds=scratch_only, **extra)
+    env = stand_in_env(tmp_path)
+    target = ["--", "../data/prepared/rois/ROIs1868_119.zarr"]
+    base = ["--executor", "local", "--cores", "1", "--configfile", "config/lumi.yaml", str(overlay)]
+    proc = snakemake([*base, "--apptainer-args", cluster.apptainer_args(), *target], code, env, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    real = lumi / "pfs" / "lustrep2" / "scratch" / TEST_ACCOUNT / "vcloud"
+    assert f"vcloud doctor: paths.prepared: ../data/prepared (really {real / 'data/prepared'}) is outside" in out
+    assert "vcloud doctor: working directory: . (really" in out and "(nothing was submitted)" in out
+    assert exec_calls(tmp_path) == []
+
+    overlay, cluster = write_overlay(container, binds=[str(lumi / "pfs"), *scratch_only], **extra)
+    snakemake([*base, "--apptainer-args", cluster.apptainer_args(), *target], code, env)
+    assert (real / "data/prepared/rois/ROIs1868_119.zarr/zarr.json").is_file()
+    assert len(exec_calls(tmp_path)) == 4
+
+
+@pytest.mark.container
+def test_stale_environment_is_refused_before_anything_runs(tmp_path):
+    """src/ edited after `vcloud image`: the start check compares the squashfs stamp with the
+    checkout and stops, naming the file and the command that rebuilds it."""
+    overlay, cluster = write_overlay(tmp_path)
+    stale = tmp_path / "stale"
+    (stale / "env").mkdir(parents=True)
+    (stale / "env" / "vcloud-version").write_text("vcloud 0.1.0 0000000 src 0000000000000000\n")
+    subprocess.run(["mksquashfs", str(stale / "env"), str(stale / "old.sqsh"), "-quiet", "-no-xattrs"], check=True)
+    overlay.write_text(overlay.read_text().replace(str(cluster.env_image), str(stale / "old.sqsh")))
+    args = cluster.apptainer_args().replace(str(cluster.env_image), str(stale / "old.sqsh"))
+    proc = snakemake(
+        ["--executor", "local", "--cores", "1", "--configfile", "config/lumi.yaml", str(overlay),
+         "--apptainer-args", args, "--", "results/prepared/rois/ROIs1868_119.zarr"],
+        tmp_path, stand_in_env(tmp_path), check=False,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert f"vcloud doctor: cluster.env_image: {stale / 'old.sqsh'} holds 'vcloud 0.1.0 0000000" in out
+    assert "rebuild it with `vcloud image`" in out and "(nothing was submitted)" in out
+    assert exec_calls(tmp_path) == []
+
+
+@pytest.mark.container
 def test_bind_missing_from_the_command_line_stops_the_run(tmp_path):
     overlay, cluster = write_overlay(tmp_path)
     env = stand_in_env(tmp_path)
-    args = cluster.apptainer_args().replace(f"-B /flash/{TEST_ACCOUNT}", "") + " --rocm"
+    args = cluster.apptainer_args().replace(f"-B {tmp_path} ", "") + " --rocm"
     proc = snakemake(
         [
             "--executor",
@@ -133,13 +211,14 @@ def test_bind_missing_from_the_command_line_stops_the_run(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "vcloud doctor: apptainer-args: --rocm" in out
-    assert f"vcloud doctor: apptainer-args: bind /flash/{TEST_ACCOUNT} missing" in out
+    assert f"vcloud doctor: apptainer-args: bind {tmp_path} missing" in out
     assert exec_calls(tmp_path) == []
 
 
 def test_set_resources_gpu_changes_the_launch_line(tmp_path):
-    """`--set-resources train_stage1:gpu=8`: the job asks for 8 GCDs with 8 x the memory per
-    GCD, and its launch line starts torchrun once with 8 processes (dry run, as typed)."""
+    """`--set-resources train_stage1:gpu=8`: a whole node, so the job goes to standard-g (same
+    price as 8 GCDs of small-g, CPU binding), asks for 8 x the memory per GCD, and its launch
+    line starts one task per GCD with the GCD-affine CPU masks (dry run, as typed)."""
     make_raw_folders(tmp_path)
     env = stand_in_env(tmp_path)
     proc = snakemake(
@@ -149,9 +228,10 @@ def test_set_resources_gpu_changes_the_launch_line(tmp_path):
     block = out[out.index("rule train_stage1:") :]
     block = block[: block.index("\n\n")]
     resources = next(line for line in block.splitlines() if "resources:" in line)
-    assert "gpu=8" in resources and "mem_mb=480000" in resources and "tasks_per_node=2" in resources
-    assert "--nproc-per-node=8" in out and "--gpus-per-node=8 --cpus-per-task=56" in out
-    assert out.count("--nproc-per-node=") == 1  # the other stages keep one GCD each
+    assert "gpu=8" in resources and "mem_mb=480000" in resources and "tasks_per_node=8" in resources
+    assert "slurm_partition=standard-g" in resources
+    assert "srun --nodes=1 --ntasks-per-node=8 --gpus-per-node=8 --cpu-bind=mask_cpu:0xfe000000000000," in block
+    assert "torchrun" not in out and out.count("--cpu-bind=mask_cpu:") == 1  # the others keep one GCD each
     assert "--signal=USR1@300" in resources
 
 

@@ -2,6 +2,8 @@
 # and the pre-flight checks of a cluster run; the logic is in vcloud.runtime (lumi, doctor)
 # and vcloud.workflow. Resource entries are named like their rules.
 
+import os
+
 from vcloud import workflow as logic
 from vcloud.errors import ConfigError
 from vcloud.runtime.lumi import (
@@ -21,6 +23,12 @@ def get_resources_json():
 
 
 CLUSTER = Cluster.from_config(config)  # None: local run (no cluster section)
+if CLUSTER is not None:
+    # The local rules (era5_wind, the report rules) run `apptainer exec` where snakemake runs,
+    # and snakemake applies the profile's precommand to remote jobs only: the same variables
+    # (PATH of the squashfs environment, containlibs) go into this process's environment,
+    # which local jobs inherit (remote jobs get them from the precommand as well).
+    os.environ.update(CLUSTER.container_env())
 
 
 def get_resources(rule_name):
@@ -47,12 +55,12 @@ def get_rule_resources(rule_name):
     """The rule's resources entry after --set-resources/--set-threads: the launch line, the
     doctor and the accounting all follow what the job is actually given."""
     res = RuleResources.from_config(config, rule_name)
+    overrides = get_resource_overrides(rule_name)
     try:
-        return res.with_overrides(
-            get_resource_overrides(rule_name), threads=get_thread_override(rule_name)
-        )
+        res = res.with_overrides(overrides, threads=get_thread_override(rule_name))
     except ConfigError as err:
         raise WorkflowError(str(err)) from None
+    return res if CLUSTER is None else CLUSTER.place(res, overrides)
 
 
 def get_threads(rule_name):
@@ -147,6 +155,8 @@ def get_cluster_report():
         memory=False,
         overrides={name: get_resource_overrides(name) for name in get_resource_rules()},
         epoch_minutes=EPOCH_MINUTES,
+        cwd=Path.cwd(),
+        repo=Path(VCLOUD_ROOT),
     )
     found.errors.extend(logic.deployment_problems(settings.deployment_method))
     return found

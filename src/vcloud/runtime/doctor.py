@@ -95,13 +95,77 @@ def _containlibs(precommand: str) -> set[str]:
     return libs
 
 
+# --- paths as the container sees them --------------------------------------------------------
+
+
+def bind_destinations(cluster: Cluster) -> list[str]:
+    """Where each bind appears inside the container ("src[:dst[:opts]]": dst, else src)."""
+    out = []
+    for spec in cluster.binds:
+        parts = spec.split(":")
+        out.append((parts[1] if len(parts) > 1 and parts[1] else parts[0]).rstrip("/") or "/")
+    return out
+
+
+def _under(path: str, folder: str) -> bool:
+    return folder == "/" or path == folder or path.startswith(folder + "/")
+
+
+def run_paths(config: dict, cluster: Cluster) -> dict[str, str]:
+    """The paths every job reads or writes, by config key, as the config gives them."""
+    paths = {"working directory": "."}
+    if not config["synthetic"]["enabled"]:
+        raw = config["data"]["raw"]
+        for i, path in enumerate([raw] if isinstance(raw, str) else raw):
+            paths["data.raw" if isinstance(raw, str) else f"data.raw[{i}]"] = str(path)
+        if config["data"].get("wind_table"):
+            paths["data.wind_table"] = str(config["data"]["wind_table"])
+    paths["paths.prepared"] = str(config["paths"]["prepared"])
+    paths["paths.results"] = str(config["paths"]["results"])
+    if cluster.env_image:
+        paths["cluster.env_image"] = cluster.env_image
+    return paths
+
+
+def check_paths(config: dict, cluster: Cluster, report: Report, workdir: Path) -> None:
+    """Every bind source exists on this node (apptainer refuses a missing one), and every path
+    a job uses lies, after resolving symlinks, under a bind: jobs start in the *physical*
+    working directory (snakemake's sbatch -D; on LUMI /scratch/<project> is a symlink into
+    /pfs/lustrepN), so `../data` from there is a /pfs path the container sees only if bound."""
+    import os
+
+    for spec in cluster.binds:
+        source = spec.split(":")[0]
+        if not Path(source).exists():
+            report.errors.append(
+                f"cluster.binds: {source} does not exist on this node; apptainer refuses a missing bind source"
+            )
+    for lib in cluster.containlibs:
+        if not Path(lib).exists():
+            report.warnings.append(f"cluster.containlibs: {lib} is not on this node (the local rules run here)")
+    dests = bind_destinations(cluster)
+    physical = os.path.realpath(workdir)
+    for key, given in run_paths(config, cluster).items():
+        real = os.path.realpath(os.path.join(physical, given))
+        if any(_under(real, dest) for dest in dests):
+            continue
+        shown = given if given == real else f"{given} (really {real})"
+        top = "/" + real.strip("/").split("/")[0] if real != "/" else "/"
+        report.errors.append(
+            f"{key}: {shown} is outside every bind of cluster.binds, so no container sees it; "
+            f"add {top} (or that folder) to cluster.binds and run `vcloud lumi-profile`"
+        )
+
+
 # --- resources ----------------------------------------------------------------------------
 
 
 def rule_resources(config: dict, key: str, overrides: dict | None = None) -> RuleResources:
     """A rule's resources entry (config key = rule name) after `--set-resources` of the rule."""
-    res = RuleResources.from_config(config, key)
-    return res.with_overrides((overrides or {}).get(key))
+    rule_overrides = (overrides or {}).get(key)
+    res = RuleResources.from_config(config, key).with_overrides(rule_overrides)
+    cluster = Cluster.from_config(config)
+    return res if cluster is None else cluster.place(res, rule_overrides)
 
 
 def check_resources(config: dict, cluster: Cluster, report: Report, overrides: dict | None = None) -> None:
@@ -141,6 +205,13 @@ def check_resources(config: dict, cluster: Cluster, report: Report, overrides: d
                 f"{where}.cpus_per_gpu: {res.gpus} x {res.cpus_per_gpu} = 1 core; a GPU "
                 "rule needs 2 (it runs its own job step, and the SLURM plugin "
                 "asks for 2 tasks per node: SLURM refuses more tasks than cores)"
+            )
+        if part.gpus_per_node and not part.full_nodes and res.gpus == part.gpus_per_node:
+            per_hour = billing(res, part).per_hour
+            report.warnings.append(
+                f"{where}: all {res.gpus} GCDs of a node on {part.name} cost {per_hour:g} GPU-h/h, the price of "
+                "standard-g, without its CPU binding and with a longer wait for an empty node; use partition "
+                "standard-g (one task per GCD, GCD-affine CPU masks)"
             )
         if res.gpus and res.gpus * res.cpus_per_gpu > 56:
             report.errors.append(
@@ -318,9 +389,12 @@ def preflight(
     memory: bool,
     overrides: dict | None = None,
     epoch_minutes: dict | None = None,
+    cwd: Path | None = None,
+    repo: Path | None = None,
 ) -> Report:
     """Every check; the Snakefile calls this with the workflow's own settings (overrides:
-    `--set-resources` per rule, epoch_minutes: measured per training rule)."""
+    `--set-resources` per rule, epoch_minutes: measured per training rule, cwd: where the
+    jobs run, repo: the checkout whose code the image must carry, and the host's versions)."""
     cluster = Cluster.from_config(config)
     report = Report()
     if cluster is None:
@@ -329,6 +403,15 @@ def preflight(
     if problem := cluster.account_problem():
         report.errors.append(problem)
     check_container(cluster, apptainer_args, precommand, report)
+    if cwd is not None:
+        check_paths(config, cluster, report, Path(cwd))
+    if repo is not None:
+        from vcloud.runtime.image import check as check_image
+        from vcloud.runtime.profile import version_problems, version_warnings
+
+        report.errors += version_problems()
+        report.warnings += version_warnings(repo)
+        report.errors += check_image(image=cluster.image, env_image=cluster.env_image, repo=repo)
     try:
         check_resources(config, cluster, report, overrides)
     except ConfigError as err:  # a refused --set-resources
@@ -353,7 +436,6 @@ def run(profile: Path, config_file: Path | None) -> Report:
         render,
         repo_root,
         supports_array_jobs,
-        version_problems,
     )
 
     settings = _read_profile(profile)
@@ -378,6 +460,8 @@ def run(profile: Path, config_file: Path | None) -> Report:
         memory=True,
         overrides=_profile_overrides(settings),
         epoch_minutes=measured_epoch_minutes(config),
+        cwd=Path.cwd(),
+        repo=repo_root(files[0]),
     )
     cluster = Cluster.from_config(config)
     if cluster is not None:
@@ -386,11 +470,6 @@ def run(profile: Path, config_file: Path | None) -> Report:
             report.errors.append(
                 f"{profile}/config.yaml: stale, not generated from {files[-1]}; run `vcloud lumi-profile`"
             )
-    report.errors += version_problems()
-    if cluster is not None:
-        from vcloud.runtime.image import check as check_image
-
-        report.errors += check_image(image=cluster.image, env_image=cluster.env_image, repo=repo_root(files[0]))
     return report
 
 

@@ -60,6 +60,13 @@ class Partition:
     max_nodes: int
     gpus_per_node: int  # 0: a CPU partition
     full_nodes: bool  # whole nodes are allocated (and billed): ask for every GCD of them
+    whole_nodes_on: str | None = None  # a job asking for a whole node goes there instead
+    max_running: int | None = None  # a user's jobs running at once (dev-g: 1)
+
+    @property
+    def job_resource(self) -> str:
+        """The global snakemake resource that caps this partition's running jobs."""
+        return re.sub(r"\W", "_", self.name) + "_jobs"
 
 
 @dataclass(frozen=True)
@@ -147,6 +154,28 @@ class Cluster:
         if not _ACCOUNT.match(self.account):
             return f"cluster.account: {self.account!r} is not a LUMI project (project_ and 9 digits)"
         return None
+
+    def global_resources(self) -> dict[str, int]:
+        """`resources:` of the profile: one slot per job a capped partition may run at once."""
+        return {part.job_resource: part.max_running for part in self.partitions.values() if part.max_running}
+
+    def place(self, res: RuleResources, overrides: dict | None = None) -> RuleResources:
+        """A job asking for every GCD of a node on a partial partition runs on its whole-node
+        partition (small-g -> standard-g: the same price, CPU binding, no wait for an empty
+        node), unless the partition was set on the command line (--set-resources). The wall
+        time is capped at that partition's limit: snakemake resubmits from latest.pt."""
+        part = self.partitions.get(res.partition)
+        if (
+            part is None
+            or not part.whole_nodes_on
+            or "slurm_partition" in (overrides or {})
+            or not part.gpus_per_node
+            or res.gpus != part.gpus_per_node
+        ):
+            return res
+        target = self.partitions.get(part.whole_nodes_on)
+        runtime = min(res.runtime, target.max_runtime) if target else res.runtime
+        return replace(res, partition=part.whole_nodes_on, runtime=runtime)
 
 
 def _expand(text: str | None, account: str) -> str | None:
@@ -387,6 +416,15 @@ def measured_epoch_minutes(metrics_lines: list[str]) -> float | None:
     return values[len(values) // 2] / 60
 
 
+def per_gcd_tasks(res: RuleResources, cluster: Cluster | None) -> bool:
+    """One task per GCD with GCD-affine CPU masks: several nodes, or a whole node of a
+    whole-node partition (LUMI binds CPUs only on full-node allocations)."""
+    if cluster is None or not res.gpus:
+        return False
+    part = cluster.partitions.get(res.partition)
+    return res.multinode or (part is not None and part.full_nodes and res.gpus > 1)
+
+
 def self_launched(res: RuleResources, cluster: Cluster | None) -> bool:
     """GPU and multi-node rules on a cluster start their own job step (see the module doc)."""
     return cluster is not None and (res.gpus > 0 or res.multinode)
@@ -414,15 +452,19 @@ def slurm_resources(res: RuleResources, cluster: Cluster | None) -> dict:
         # plugin wants more than one task per node for an mpi job; one-task launches use
         # fewer tasks than the allocation allows, which SLURM permits.
         out["mpi"] = "srun"
-        out["tasks_per_node"] = max(_tasks_per_node(res), 2)
+        out["tasks_per_node"] = max(_tasks_per_node(res, cluster), 2)
         out["slurm_extra"] = signal_option(cluster.signal_seconds)
+    if cluster is not None:
+        part = cluster.partitions.get(res.partition)
+        if part is not None and part.max_running:
+            out[part.job_resource] = 1
     return out
 
 
-def _tasks_per_node(res: RuleResources, tasks_per_node: int | None = None) -> int:
+def _tasks_per_node(res: RuleResources, cluster: Cluster | None, tasks_per_node: int | None = None) -> int:
     if tasks_per_node:
         return tasks_per_node
-    return res.gpus if res.multinode and res.gpus else 1
+    return res.gpus if per_gcd_tasks(res, cluster) else 1
 
 
 def uses_container(res: RuleResources, cluster: Cluster | None) -> bool:
@@ -454,9 +496,9 @@ def step_prefix(res: RuleResources, cluster: Cluster, *, tasks_per_node: int | N
     node list comes from squeue, not $SLURM_NODELIST; every count is explicit for the same
     reason (a step inherits nothing from the allocation's options).
     """
-    tasks = _tasks_per_node(res, tasks_per_node)
+    tasks = _tasks_per_node(res, cluster, tasks_per_node)
     geometry = [f"--nodes={res.nodes}", f"--ntasks-per-node={tasks}"]
-    if res.gpus and res.multinode or (res.gpus and tasks_per_node):
+    if res.gpus and (per_gcd_tasks(res, cluster) or tasks_per_node):
         masks = cluster.cpu_masks[:tasks]
         if len(masks) < tasks:
             raise ConfigError(
@@ -477,7 +519,7 @@ def step_prefix(res: RuleResources, cluster: Cluster, *, tasks_per_node: int | N
             "export APPTAINERENV_MASTER_PORT=$SINGULARITYENV_MASTER_PORT",
         ]
     run = f"srun {' '.join(geometry)} singularity exec {cluster.apptainer_args()} {shlex.quote(cluster.image)}"
-    if res.gpus > 1 and not res.multinode and not tasks_per_node:
+    if res.gpus > 1 and tasks == 1:
         # torchrun dies of SIGUSR1 (its agent handles TERM/INT/HUP/QUIT only) and takes the
         # ranks with it mid-save: it starts with USR1 ignored; each rank installs its handler.
         run += f" python3 -m vcloud.runtime.launch --ignore-usr1 {torchrun(res.gpus)}"

@@ -80,9 +80,40 @@ def installed_version(package: str) -> tuple[int, ...] | None:
     return None if match is None else tuple(int(x or 0) for x in match.groups())
 
 
+HOST_PYTHON_FLOOR = (3, 11)  # snakemake 9, the SLURM plugin and its jobstep: Requires-Python >= 3.11
+HOST_CONSTRAINTS = "constraints-lumi-host.txt"
+HOST_PINNED = ("snakemake", "snakemake-executor-plugin-slurm", "snakemake-executor-plugin-slurm-jobstep")
+
+
+def host_python_problem(version: tuple[int, ...] | None = None) -> str | None:
+    """Why this Python cannot drive a LUMI run, or None."""
+    import sys
+
+    have = tuple(version or sys.version_info[:3])
+    if have[:2] >= HOST_PYTHON_FLOOR:
+        return None
+    return (
+        f"python: {'.'.join(map(str, have))} on the host; snakemake 9 and the SLURM plugin need >= "
+        f"{'.'.join(map(str, HOST_PYTHON_FLOOR))}: on LUMI `module load cray-python` (the OS python3 is 3.6), "
+        f"then make the venv again (README, LUMI quick start)"
+    )
+
+
+def pinned_versions(repo: Path) -> dict[str, str]:
+    """Exact host versions of constraints-lumi-host.txt (package name lower-case -> version)."""
+    path = Path(repo) / HOST_CONSTRAINTS
+    found = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            name, sep, version = line.split("#", 1)[0].strip().partition("==")
+            if sep:
+                found[name.strip().lower()] = version.strip()
+    return found
+
+
 def version_problems() -> list[str]:
-    """One line per installed snakemake / SLURM plugin older than its floor."""
-    found = []
+    """One line per installed snakemake / SLURM plugin older than its floor, and the host Python."""
+    found = [problem] if (problem := host_python_problem()) else []
     for package, floor in (("snakemake", SNAKEMAKE_FLOOR), ("snakemake-executor-plugin-slurm", PLUGIN_FLOOR)):
         have = installed_version(package)
         want = ".".join(map(str, floor))
@@ -91,7 +122,27 @@ def version_problems() -> list[str]:
         elif have < floor:
             found.append(
                 f"{package}: {'.'.join(map(str, have))} is older than {want} (known bugs: "
-                "see README, On LUMI); pip install -U it on the host"
+                f"see README, On LUMI); pip install -c {HOST_CONSTRAINTS} {package} on the host"
+            )
+    return found
+
+
+def version_warnings(repo: Path) -> list[str]:
+    """Host packages at another version than the tested pins (allowed, but untested)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    pins = pinned_versions(repo)
+    found = []
+    for package in HOST_PINNED:
+        want = pins.get(package)
+        try:
+            have = version(package)
+        except PackageNotFoundError:
+            continue
+        if want and have != want:
+            found.append(
+                f"{package}: {have} on the host, tested with {want}; `pip install -c {HOST_CONSTRAINTS} "
+                f"{package}` gives the tested one"
             )
     return found
 
@@ -124,6 +175,10 @@ def render(cluster: Cluster, *, source: str = "config/lumi.yaml", array_jobs: bo
         # Runs in each job before its snakemake, on the host: apptainer reads these.
         "precommand": cluster.precommand(),
     }
+    if limits := cluster.global_resources():
+        # A partition that runs one job of a user at a time (dev-g): snakemake submits one at
+        # a time, so refused submissions never consume a rule's retries.
+        settings["resources"] = [f"{name}={count}" for name, count in limits.items()]
     if array_jobs:  # one sbatch for all the ROIs ready at once, not one per ROI
         settings["slurm-array-jobs"] = "prepare_roi"
     body = yaml.safe_dump(settings, sort_keys=False, width=1000)
