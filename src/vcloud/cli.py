@@ -156,6 +156,7 @@ def _cmd_train(args: argparse.Namespace) -> None:
         resume_dir=args.resume_dir,
         checkpoints=_checkpoints(args),
         wind_cache=args.wind_cache,
+        fresh=args.fresh,
     )
 
 
@@ -420,6 +421,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val", type=Path, required=True, help="prepared val store")
     p.add_argument("--out", type=Path, required=True, help="stage folder: best.pt, latest.pt, metrics.jsonl")
     p.add_argument("--resume-dir", type=Path, help="folder of latest.pt (default: --out)")
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="train from the start: set latest.pt aside as latest.<id>.pt (kept) instead of resuming (docs/resume.md)",
+    )
     _add_checkpoint_flags(p, sorted({n for s in STAGES for n in s.upstream}), "stages that build on it")
     p.add_argument("--wind-cache", type=Path, help="wind-scanner cache (when stage1.model.wind_scan)")
     _add_env_flag(p)

@@ -155,16 +155,57 @@ def test_resume_decision_rules(tmp_path, caplog):
     best.write_bytes(b"x")
     assert ck.resume_decision(latest, best, "h1") == "resume"  # interrupted
 
-    caplog.clear()
-    assert ck.resume_decision(latest, best, "h2") == "fresh"
-    assert "hyperparameters changed" in caplog.text
-
     _write(latest, config_hash="h1", finished=True)
     assert ck.resume_decision(latest, best, "h1") == "resume"  # done; trainer exits quickly
-    best.unlink()
+    best.unlink()  # what snakemake does to an incomplete job's outputs, and -R
+    assert ck.resume_decision(latest, best, "h1") == "resume"  # re-created from latest.pt, never retrained
+    assert latest.exists()
+
+
+def test_another_identity_is_set_aside_with_one_line_naming_both(tmp_path, caplog):
+    latest, best = tmp_path / "latest.pt", tmp_path / "best.pt"
+    caplog.set_level(logging.INFO, logger=ck.__name__)
+    _write(latest, config_hash="0123456789abcdef", finished=False)
+    before = latest.read_bytes()
+
+    assert ck.resume_decision(latest, best, "h2", may_write=False) == "fresh"  # a DDP rank > 0
+    assert latest.read_bytes() == before
     caplog.clear()
-    assert ck.resume_decision(latest, best, "h1") == "fresh"  # output removed to force a rerun
-    assert "force a rerun" in caplog.text
+    assert ck.resume_decision(latest, best, "fedcba9876543210") == "fresh"
+    assert not latest.exists()
+    assert (tmp_path / "latest.01234567.pt").read_bytes() == before  # kept, not deleted
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "0123456789abcdef" in lines[0] and "fedcba9876543210" in lines[0]
+
+    _write(latest, config_hash="0123456789abcdef", finished=True)  # the same identity again
+    assert ck.resume_decision(latest, best, "0123456789abcdef", fresh=True) == "fresh"  # vcloud train --fresh
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.01234567.2.pt", "latest.01234567.pt"]
+
+
+def test_resume_key_is_the_config_hash_without_upstream_and_changes_with_upstream_weights():
+    assert ck.resume_key("h1") == ck.resume_key("h1", {}) == "h1"
+    key = ck.resume_key("h1", {1: "aaaa"})
+    assert key != "h1" and key == ck.resume_key("h1", {1: "aaaa"})
+    assert ck.resume_key("h1", {1: "bbbb"}) != key
+    assert ck.resume_key("h2", {1: "aaaa"}) != key
+    assert ck.resume_key("h1", {1: "aaaa", 2: "cccc"}) != key
+
+
+def test_weights_digest_sees_the_weights_not_the_file(tmp_path):
+    weights = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(2, dtype=torch.bfloat16)}
+    ck.save_checkpoint(tmp_path / "a.pt", {**ck.checkpoint_meta(stage=1, config_hash="x"), "model": weights})
+    ck.save_checkpoint(
+        tmp_path / "b.pt", {**ck.checkpoint_meta(stage=1, config_hash="y"), "epoch": 9, "model": weights}
+    )
+    assert (tmp_path / "a.pt").read_bytes() != (tmp_path / "b.pt").read_bytes()
+    assert ck.weights_digest(tmp_path / "a.pt") == ck.weights_digest(tmp_path / "b.pt")
+    changed = {**weights, "w": weights["w"].clone()}
+    changed["w"][1, 2] += 1e-6
+    ck.save_checkpoint(tmp_path / "c.pt", {**ck.checkpoint_meta(stage=1, config_hash="x"), "model": changed})
+    assert ck.weights_digest(tmp_path / "c.pt") != ck.weights_digest(tmp_path / "a.pt")
+    reshaped = {**weights, "w": weights["w"].reshape(3, 2)}
+    ck.save_checkpoint(tmp_path / "d.pt", {**ck.checkpoint_meta(stage=1, config_hash="x"), "model": reshaped})
+    assert ck.weights_digest(tmp_path / "d.pt") != ck.weights_digest(tmp_path / "a.pt")
 
 
 def test_resume_decision_refuses_unreadable_latest(tmp_path):

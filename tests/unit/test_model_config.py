@@ -146,10 +146,12 @@ def test_the_hash_of_an_unchanged_config_is_stable(tmp_path):
     (lambda d: d["stage1"]["model"].update(gate_width=d["stage1"]["model"]["gate_width"] * 2), {1, 2, 3}),
     (lambda d: d["stage2"]["model"].update(sample_steps=d["stage2"]["model"]["sample_steps"] + 1), {2, 3}),
     (lambda d: d["stage3"].setdefault("self_training", {}).update(max_seed_spread=0.5), {3}),
-    # A stage's training settings are its own: upstream stages only contribute their model.
-    (lambda d: d["stage1"]["train"].update(lr=d["stage1"]["train"]["lr"] * 2), {1}),
+    # A stage's whole identity is upstream of its dependants, training settings included: other
+    # stage-1 weights make stages 2 and 3 other experiments (docs/resume.md).
+    (lambda d: d["stage1"]["train"].update(lr=d["stage1"]["train"]["lr"] * 2), {1, 2, 3}),
     (lambda d: d["stage0"]["train"].update(epochs=d["stage0"]["train"]["epochs"] + 1), {0}),
-    (lambda d: d["stage1"]["curriculum"].update(all_from=1.0), {1}),
+    (lambda d: d["stage1"]["curriculum"].update(all_from=1.0), {1, 2, 3}),
+    (lambda d: d["stage2"]["train"].update(lr=d["stage2"]["train"]["lr"] * 2), {2, 3}),
     # Data settings feed every stage.
     (lambda d: d["data"].update(input_dates=d["data"]["input_dates"] + 1), {0, 1, 2, 3}),
     # How a run is observed, not what it learns.
@@ -166,7 +168,8 @@ def test_what_a_change_reruns(tmp_path, edit, reruns):
 def test_stage_config_dict_holds_data_its_section_and_upstream_models_only():
     cfg = load_model_config(SMALL)
     picked = stage_config_dict(cfg, 3)
-    assert set(picked) == {"data", "stage1", "stage2", "stage3"}  # stage 2 refines pixels, not stage-0 latents
+    assert set(picked) == {"data", "stage1", "stage2", "stage3", "upstream"}  # no stage 0: stage 2 refines pixels
+    assert set(picked["upstream"]) == {"stage1", "stage2"}  # their whole identities (hashes)
     assert set(picked["stage1"]) == {"model"} and "tensorboard" not in picked["stage3"]["train"]
     assert set(stage_config_dict(cfg, 1)) == {"data", "stage1"}
     with pytest.raises(ConfigError, match="no stage 7"):

@@ -44,11 +44,11 @@ def _task(store, *, hook=None):
     )
 
 
-def _trainer(store, out, *, epochs=3, hook=None, config_hash="h1", **train):
+def _trainer(store, out, *, epochs=3, hook=None, config_hash="h1", fresh=False, **train):
     cfg = TrainConfig(**{"epochs": epochs, "batch_size": 2, "lr": 1e-2, "seed": 0, **train})
     return Trainer(
         _task(store, hook=hook), train_cfg=cfg, data_cfg=DATA, out_dir=out, config_hash=config_hash,
-        config={"test": True}, env=SINGLE, device="cpu", progress=False,
+        config={"test": True}, env=SINGLE, device="cpu", progress=False, fresh=fresh,
     )  # fmt: skip
 
 
@@ -131,17 +131,27 @@ def test_crash_during_checkpoint_write_resumes_from_the_previous_one(tiny_store,
     _assert_same(_weights(tmp_path / "latest.pt"), _weights(reference / "latest.pt"))
 
 
-def test_finished_stage_does_nothing_unless_best_was_deleted(tiny_store, reference, tmp_path):
+def test_finished_stage_is_never_trained_again_unless_asked_with_fresh(tiny_store, reference, tmp_path):
     import shutil
 
-    shutil.copytree(reference, tmp_path / "run")
-    before = (tmp_path / "run/latest.pt").stat().st_mtime_ns
-    _trainer(tiny_store, tmp_path / "run").fit()
-    assert (tmp_path / "run/latest.pt").stat().st_mtime_ns == before
-    (tmp_path / "run/best.pt").unlink()  # what `snakemake -R train_stage0` does
-    _trainer(tiny_store, tmp_path / "run", epochs=1).fit()
-    assert ckpt.load_checkpoint(tmp_path / "run/latest.pt")["epoch"] == 1  # trained again from 0
-    assert len((tmp_path / "run/metrics.jsonl").read_text().splitlines()) == 1
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    before = (run / "latest.pt").stat().st_mtime_ns
+    _trainer(tiny_store, run).fit()
+    assert (run / "latest.pt").stat().st_mtime_ns == before
+    (run / "best.pt").unlink()  # what snakemake does to an incomplete job's outputs (and -R)
+    (run / "metrics.jsonl").unlink()
+    _trainer(tiny_store, run, hook=lambda value: pytest.fail("trained a finished stage")).fit()
+    assert (run / "latest.pt").stat().st_mtime_ns == before
+    _assert_same(_weights(run / "best.pt"), _weights(reference / "best.pt"))
+    assert (run / "metrics.jsonl").read_text() == (reference / "metrics.jsonl").read_text()
+
+    _trainer(tiny_store, run, epochs=1, fresh=True).fit()  # the one way to train it again
+    assert ckpt.load_checkpoint(run / "latest.pt")["epoch"] == 1  # trained again from 0
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 1
+    kept = run / "latest.h1.pt"  # the finished run, set aside under its identity's prefix
+    assert ckpt.load_checkpoint(kept)["finished"]
+    _assert_same(_weights(kept), _weights(reference / "latest.pt"))
 
 
 def test_changed_hyperparameters_start_fresh(tiny_store, tmp_path):
@@ -158,6 +168,9 @@ def test_changed_hyperparameters_start_fresh(tiny_store, tmp_path):
     _trainer(tiny_store, tmp_path, epochs=1, config_hash="other").fit()
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["epoch"] for line in lines] == [0]
+    kept = ckpt.load_checkpoint(tmp_path / "latest.h1.pt")  # the interrupted run, set aside
+    assert (kept["resume_key"], kept["finished"]) == ("h1", False)
+    assert ckpt.load_checkpoint(tmp_path / "latest.pt")["resume_key"] == "other"
 
 
 def test_nan_loss_stops_with_stage_epoch_step_and_keeps_the_last_checkpoint(tiny_store, tmp_path):
@@ -276,11 +289,11 @@ def test_best_pt_deleted_by_snakemake_after_an_interruption_is_recreated(tiny_st
     assert best["epoch"] == ref_best["epoch"] and best["best_value"] == ref_best["best_value"]
     _assert_same(best["model"], ref_best["model"])
     assert ckpt.load_checkpoint(out / "latest.pt")["finished"]
-    # Today's contract stays: once finished, a deleted best.pt means "train this stage again".
+    # Finished: a deleted best.pt (snakemake -R, or its output handling killed) is re-created, not retrained.
     (out / "best.pt").unlink()
-    with pytest.raises(StopRequested):
-        _best_at_epoch_1(_trainer(tiny_store, out, epochs=4, hook=_stop_at(2))).fit()
-    assert ckpt.load_checkpoint(out / "latest.pt")["epoch"] == 0  # started from scratch
+    _best_at_epoch_1(_trainer(tiny_store, out, epochs=4, hook=lambda value: pytest.fail("retrained"))).fit()
+    _assert_same(ckpt.load_checkpoint(out / "best.pt")["model"], ref_best["model"])
+    assert ckpt.load_checkpoint(out / "latest.pt")["epoch"] == 4
 
 
 def test_finished_stage_repairs_its_metrics_and_best_without_training(tiny_store, reference, tmp_path):

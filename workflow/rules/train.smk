@@ -1,6 +1,7 @@
-# The four training stages (rules train_stage0..3); each resumes from its latest.pt when a job
-# was interrupted, and starts fresh when its best.pt was deleted (snakemake -R) or a setting
-# it depends on changed (the config_hash param). One rule per stage of the registry
+# The four training stages (rules train_stage0..3); each resumes from its latest.pt, also when
+# snakemake deleted best.pt (a finished stage then trains nothing), and starts fresh when a
+# setting it depends on changed (the config_hash param; upstream weights: the trainer) or when
+# latest.pt was moved aside (docs/resume.md). One rule per stage of the registry
 # (src/vcloud/registry.py): train_stage0, train_stage1, train_stage2, train_stage3.
 
 for stage in STAGE_NUMBERS:

@@ -1,9 +1,11 @@
 """The stage hash: what a stage depends on, so what reruns when a setting changes.
 
-A stage depends on the data section, its own section and the `model` sections of the stages
-upstream of it (registry.STAGES). The hash decides whether latest.pt may be resumed, and the
-workflow passes it as a rule parameter: changing stage 3's settings reruns stage 3 only, a
-stage-1 model width reruns stages 1, 2 and 3.
+A stage depends on the data section, its own section and, transitively, the whole identity
+of every stage it builds on (registry.STAGES `upstream`): stage 3's hash holds the hashes of
+stages 1 and 2, and stage 2's holds stage 1's. The workflow passes it as a rule parameter:
+changing stage 3's settings reruns stage 3 only, any stage-1 setting reruns stages 1, 2 and 3.
+The trainer adds the digests of the upstream weights (known only at run time) to make the
+resume key (train/checkpoint.py resume_key): latest.pt is resumed only under the same key.
 """
 
 from __future__ import annotations
@@ -19,15 +21,23 @@ NOT_HASHED_TRAIN_KEYS = ("tensorboard",)
 
 
 def stage_config_dict(cfg: ModelSetConfig, stage: int) -> dict:
-    """What a stage depends on: data, its own section and the model sections upstream of it."""
+    """What a stage depends on: data, its own section, the model sections of the stages it
+    builds on (read by its builder) and their whole identities, transitively ("upstream")."""
     full = config_to_dict(cfg)
-    name = get_stage(stage).name
+    spec = get_stage(stage)
     for key in NOT_HASHED_TRAIN_KEYS:
-        full[name].get("train", {}).pop(key, None)
-    picked = {"data": full["data"], name: full[name]}
-    for upstream in get_stage(stage).upstream:
+        full[spec.name].get("train", {}).pop(key, None)
+    picked = {"data": full["data"], spec.name: full[spec.name]}
+    for upstream in spec.upstream:
         picked[f"stage{upstream}"] = {"model": full[f"stage{upstream}"].get("model")}
+    if spec.upstream:  # absent for a first stage: its hash is what it was before (resumable)
+        picked["upstream"] = {f"stage{n}": stage_hash(cfg, n) for n in spec.upstream}
     return picked
+
+
+def stage_hash(cfg: ModelSetConfig, stage: int) -> str:
+    """The hash of everything stage `stage` depends on (stage_config_dict)."""
+    return config_hash(stage_config_dict(cfg, stage))
 
 
 def config_hash(config) -> str:

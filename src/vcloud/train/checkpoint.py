@@ -4,7 +4,7 @@ A checkpoint is one dict saved with torch.save and read back with
 torch.load(weights_only=True), so nothing we write needs pickle to load. Layout:
 
     {
-        **checkpoint_meta(stage=..., config_hash=...),  # format_version, stage, config_hash, versions
+        **checkpoint_meta(stage=..., config_hash=..., resume_key=...),  # format_version, stage, identity, versions
         "finished": bool,             # latest.pt: True once the stage has run all its epochs
         "rng": capture_rng_state(),   # optional
         ...                           # model / optimizer state dicts, epoch, config, ...
@@ -21,7 +21,10 @@ Under DDP only rank 0 writes (the caller's job); every rank may read.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import random
 import signal
 from collections import OrderedDict
@@ -82,14 +85,18 @@ def load_checkpoint(path: Path, *, mmap: bool = False) -> dict:
     return state
 
 
-def checkpoint_meta(*, stage: int, config_hash: str) -> dict:
-    """What every checkpoint records about where it came from; spread into the top level."""
+def checkpoint_meta(*, stage: int, config_hash: str, resume_key: str | None = None) -> dict:
+    """What every checkpoint records about where it came from; spread into the top level.
+
+    `resume_key` (the stage's whole identity, see resume_key()) defaults to `config_hash`.
+    """
     return {
         "format_version": FORMAT_VERSION,
         **provenance(),
         "torch_version": str(torch.__version__),  # TorchVersion is a str subclass: not loadable
         "stage": int(stage),
         "config_hash": str(config_hash),
+        "resume_key": str(resume_key or config_hash),
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 
@@ -178,27 +185,77 @@ def check_stage(path: Path, stage: int) -> None:
         )
 
 
-def resume_decision(latest: Path, best: Path, config_hash: str, *, stage: int | None = None) -> str:
+def checkpoint_key(state: dict) -> str:
+    """The identity a checkpoint was trained under (vcloud <= 0.1: its config hash)."""
+    return str(state.get("resume_key") or state.get("config_hash"))
+
+
+def weights_digest(path: Path) -> str:
+    """sha256 (16 hex) of the weights in checkpoint `path`: names, dtypes, shapes and values.
+
+    Only the weights: a best.pt re-written from latest.pt (other creation time, same weights)
+    has the same digest.
+    """
+    model = load_checkpoint(path, mmap=True).get("model")
+    if not isinstance(model, dict):
+        raise BadInputError(f"{path}: holds no model weights")
+    digest = hashlib.sha256()
+    for name in sorted(model):
+        tensor = model[name]
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy())  # no copy
+    return digest.hexdigest()[:16]
+
+
+def resume_key(config_hash: str, upstream_weights: dict[int, str] | None = None) -> str:
+    """A stage's whole identity: its config hash (data, own settings, upstream identities,
+    transitively: config/stage_hash.py) and the digests of the upstream weights it trains
+    against, known only at run time. A stage with no upstream keeps its config hash."""
+    if not upstream_weights:
+        return str(config_hash)
+    text = json.dumps({"config": config_hash, "upstream_weights": {str(n): d for n, d in upstream_weights.items()}},
+                      sort_keys=True)  # fmt: skip
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def set_aside(latest: Path, old_key: str) -> Path:
+    """Rename `latest` to latest.<old key prefix>.pt (a free name beside it); returns the new path."""
+    latest = Path(latest)
+    stem = f"{latest.stem}.{old_key[:8]}"
+    target, n = latest.with_name(f"{stem}{latest.suffix}"), 2
+    while target.exists():
+        target, n = latest.with_name(f"{stem}.{n}{latest.suffix}"), n + 1
+    os.replace(latest, target)
+    return target
+
+
+def resume_decision(
+    latest: Path,
+    best: Path,
+    key: str,
+    *,
+    stage: int | None = None,
+    fresh: bool = False,
+    may_write: bool = True,
+) -> str:
     """Decide whether a stage starts "fresh" or "resume"s from `latest`.
 
     Rules, in order:
 
-    0. latest.pt or best.pt of another stage         -> BadInputError (never overwritten)
-    1. no latest.pt                                  -> "fresh"
-    2. latest.pt written under another config hash   -> "fresh" (hyperparameters changed;
-       resuming would mix two experiments)
-    3. latest.pt finished and best.pt missing        -> "fresh" (the stage completed and its
-       output was removed to force a rerun: `snakemake -R train_stage1`, or an upstream stage
-       was retrained so snakemake reruns this one)
-    4. latest.pt not finished                        -> "resume" (interrupted run: time limit,
-       preemption, crash, StopRequest). A missing best.pt is re-created from the best
-       weights kept in latest.pt: snakemake deletes the output of an interrupted job
-    5. latest.pt finished and best.pt present        -> "resume" (nothing left to do: the
-       trainer sees finished=True, re-syncs best.pt and metrics.jsonl, and exits)
+    0. latest.pt or best.pt of another stage     -> BadInputError (never overwritten)
+    1. no latest.pt                              -> "fresh"
+    2. a fresh start asked for (`vcloud train --fresh`)
+                                                 -> latest.pt set aside, "fresh"
+    3. latest.pt of another identity (resume key: data, settings, upstream identities and
+       upstream weights; see resume_key)         -> latest.pt set aside, "fresh": resuming
+       would mix two experiments
+    4. otherwise                                 -> "resume": an interrupted run goes on; a
+       finished one re-creates best.pt and metrics.jsonl from latest.pt (snakemake deletes
+       an incomplete job's outputs) and trains nothing
 
-    Rules 3 and 4 tell a deliberate rerun from an interruption by the `finished` flag, which
-    the trainer commits last, after best.pt exists (see Trainer._end_epoch). A finished stage
-    therefore always had a complete best.pt, and only a rerun request removes it.
+    A missing best.pt never means "train again": a finished latest.pt holds the best weights.
+    Setting aside renames latest.pt to latest.<old key prefix>.pt beside it (never deleted)
+    and logs one line naming both identities; only with `may_write` (rank 0 under DDP).
 
     A latest.pt that cannot be read, or has another format_version, raises BadInputError
     naming it rather than being silently discarded: atomic writes mean it was not half
@@ -212,21 +269,16 @@ def resume_decision(latest: Path, best: Path, config_hash: str, *, stage: int | 
         log.info("starting fresh: no %s", latest)
         return "fresh"
     state = load_checkpoint(latest, mmap=True)
-    saved_hash = state.get("config_hash")
-    if saved_hash != config_hash:
-        log.info(
-            "starting fresh: hyperparameters changed (%s has config hash %s, the config now %s)",
-            latest,
-            saved_hash,
-            config_hash,
-        )
+    saved = checkpoint_key(state)
+    if fresh or saved != key:
+        why = "a fresh start was asked for" if fresh else "another identity"
+        if may_write:
+            kept = set_aside(latest, saved)
+            log.info("starting fresh (%s): %s of identity %s set aside as %s; this run is identity %s",
+                     why, latest, saved, kept.name, key)  # fmt: skip
         return "fresh"
-    finished = bool(state.get("finished", False))
-    if finished and not best.exists():
-        log.info("starting fresh: %s is finished but %s is missing (output removed to force a rerun)", latest, best)
-        return "fresh"
-    if finished:
-        log.info("resuming: %s is finished and %s exists; nothing left to do", latest, best)
+    if state.get("finished", False):
+        log.info("resuming: %s is finished; re-creating what is missing, training nothing", latest)
     else:
         log.info("resuming interrupted run from %s", latest)
     return "resume"

@@ -1,4 +1,9 @@
-"""`vcloud train --stage N`: parse -> build -> train -> close (in finally)."""
+"""`vcloud train --stage N`: parse -> build -> train -> close (in finally).
+
+The resume key (train/checkpoint.py resume_key) is made here: the stage hash (data, own
+settings, upstream identities, transitively) and the digests of the upstream best.pt given
+as --stage<n>, so a latest.pt trained against other upstream weights is never resumed.
+"""
 
 from __future__ import annotations
 
@@ -27,12 +32,16 @@ def run_training(
     checkpoints: dict[int, Path] | None = None,
     wind_cache: Path | None = None,
     progress: bool = True,
+    fresh: bool = False,
 ) -> dict:
+    """fresh: set an existing latest.pt aside (renamed, kept) and train from the start."""
+    from vcloud.train import checkpoint as ckpt
     from vcloud.train.trainer import Trainer
 
     spec = get_stage(stage)
     cfg = load_model_config(config_path)
     upstream = spec.upstream_checkpoints(checkpoints or {})
+    upstream_weights = {n: ckpt.weights_digest(path) for n, path in upstream.items()}
     env = distributed.detect()
     # Before any collective: every rank reads the same file, or every rank fails here alone
     # (never a recompute under DDP - that is what deadlocked 16 to 400 GPUs on LUMI).
@@ -60,14 +69,22 @@ def run_training(
         torch.manual_seed(stage_cfg.train.seed)  # identical initial weights on every rank
         task = spec.build(cfg, train=train, val=val, checkpoints=upstream, wind=wind, device=device)
         picked = stage_config_dict(cfg, stage)
+        stage_hash = config_hash(picked)
         trainer = Trainer(
             task,
             train_cfg=stage_cfg.train,
             data_cfg=cfg.data,
             out_dir=out,
             resume_dir=resume_dir,
-            config_hash=config_hash(picked),
-            config={"model_set": cfg.name, "source": str(config_path), **picked},
+            config_hash=stage_hash,
+            resume_key=ckpt.resume_key(stage_hash, upstream_weights),
+            fresh=fresh,
+            config={
+                "model_set": cfg.name,
+                "source": str(config_path),
+                **picked,
+                "upstream_weights": {f"stage{n}": digest for n, digest in upstream_weights.items()},
+            },
             env=env,
             device=device,
             progress=progress,

@@ -6,13 +6,16 @@ everything the LUMI field reports taught us to get right once:
   has fp32's range: a scaler only skips steps, 75-87 % of them on LUMI);
 - DataLoader multiprocessing options only when num_workers > 0;
 - one run per output folder (train/lock.py); leftover temp files of killed writes removed;
+- a stage's identity (resume key: settings, upstream identities and upstream weights) in every
+  checkpoint; a latest.pt of another identity, or any with `fresh`, is set aside, never resumed;
 - latest.pt every epoch and at the next step boundary after SIGTERM/SIGUSR1 (then exit so
   SLURM can requeue), best.pt on validation improvement, both atomic; resume restores model,
   optimizer, scheduler, RNG states, curriculum position (the epoch) and data order (the
   sampler position), so a killed and resumed run ends bit-identical to an uninterrupted one;
 - latest.pt is the one record of an epoch's end (best weights and metrics rows included):
   best.pt, metrics.jsonl and TensorBoard are views of it, re-created when missing or behind,
-  so a kill at any point - or snakemake deleting an interrupted job's best.pt - loses nothing;
+  so a kill at any point - or snakemake deleting an interrupted job's best.pt - loses nothing,
+  and a finished stage is never trained again (a missing best.pt is re-created, not retrained);
 - DDP from torchrun or SLURM variables; only rank 0 writes;
 - a NaN/inf loss stops the run with stage, epoch and step; the last good checkpoint stays;
 - a tqdm bar per epoch, one metrics line per epoch in metrics.jsonl, TensorBoard scalars.
@@ -104,13 +107,17 @@ class Trainer:
         resume_dir: Path | None = None,
         config_hash: str,
         config: dict,
+        resume_key: str | None = None,
+        fresh: bool = False,
         env: dist_utils.DistEnv,
         device: str,
         progress: bool = True,
         step_threads: int | None = None,
     ):
         """step_threads: torch's intra-op threads while the training loop runs (its DataLoader
-        workers busy beside it); None keeps the process's setting throughout."""
+        workers busy beside it); None keeps the process's setting throughout. resume_key: the
+        stage's whole identity (checkpoint.resume_key; default config_hash). fresh: set an
+        existing latest.pt aside and train from the start (vcloud train --fresh)."""
         self.task, self.cfg, self.data_cfg = task, train_cfg, data_cfg
         self.step_threads = step_threads
         self.out_dir = Path(out_dir)
@@ -118,6 +125,7 @@ class Trainer:
         self.best = self.out_dir / "best.pt"
         self.metrics_path = self.out_dir / "metrics.jsonl"
         self.config_hash, self.config = config_hash, config
+        self.resume_key, self.fresh = resume_key or config_hash, fresh
         self.env, self.device = env, device
         self.main = dist_utils.is_main(env)
         self.progress = progress and self.main
@@ -155,7 +163,7 @@ class Trainer:
         # here anyway (improved in the epoch just ended), a None avoids a second copy.
         best_is_model = self.step_in_epoch == 0 and self.best_epoch == self.epoch - 1
         return {
-            **ckpt.checkpoint_meta(stage=self.task.stage, config_hash=self.config_hash),
+            **self._meta(),
             "config": self.config,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -171,6 +179,9 @@ class Trainer:
             "finished": finished,
         }
 
+    def _meta(self) -> dict:
+        return ckpt.checkpoint_meta(stage=self.task.stage, config_hash=self.config_hash, resume_key=self.resume_key)
+
     def _save_latest(self, *, finished: bool = False, partial: dict | None = None) -> None:
         if self.main:
             ckpt.save_checkpoint(self.latest, self._state(finished=finished, partial=partial))
@@ -179,7 +190,7 @@ class Trainer:
     def _write_best(self) -> None:
         """best.pt from the kept best weights (rank 0); the same bytes of weights every time."""
         state = {
-            **ckpt.checkpoint_meta(stage=self.task.stage, config_hash=self.config_hash),
+            **self._meta(),
             "config": self.config,
             "model": self.best_weights,
             "epoch": self.best_epoch + 1,
@@ -197,8 +208,8 @@ class Trainer:
         if not self.main:
             return
         if self.best_epoch is None:
-            # Written ahead of a commit that never came (best.pt precedes latest.pt): this
-            # epoch is redone and decides again.
+            # Not from any committed epoch (stage 2's epoch -1 best, written before the first
+            # commit, or a best.pt of vcloud <= 0.1 ahead of its commit): redone, decided again.
             if self.best.exists():
                 self.best.unlink()
         elif not self._best_matches():
@@ -228,7 +239,9 @@ class Trainer:
 
     def _resume(self) -> bool:
         """Load latest.pt if the rules say so; True when the stage already finished."""
-        decision = ckpt.resume_decision(self.latest, self.best, self.config_hash, stage=self.task.stage)
+        decision = ckpt.resume_decision(
+            self.latest, self.best, self.resume_key, stage=self.task.stage, fresh=self.fresh, may_write=self.main
+        )
         if decision == "fresh":
             if self.main:
                 self.metrics_path.unlink(missing_ok=True)
@@ -336,13 +349,14 @@ class Trainer:
             )
 
     def _end_epoch(self, record: dict) -> None:
-        """Commit an epoch so that a kill between any two writes leaves a consistent state.
+        """Commit an epoch so that a kill between any two writes loses none of it.
 
-        1. best.pt, when improved: ahead of the commit; if the commit never happens the
-           resumed run redoes the epoch and _sync_outputs drops or rewrites it.
-        2. latest.pt (atomic rename): THE commit - epoch, best weights, the metrics rows and,
-           last of all, `finished`. So a finished latest.pt always has a best.pt beside it.
-        3. metrics.jsonl and TensorBoard: views of the rows, rewritten at every start.
+        1. latest.pt (atomic rename): THE commit - epoch, `finished`, the best weights and the
+           metrics rows. A kill before it redoes the epoch; after it, nothing is trained again.
+        2. best.pt, when improved (or deleted under us by snakemake): a view of the commit.
+        3. metrics.jsonl and TensorBoard: views of the rows.
+        A resumed run re-creates a missing or stale best.pt and metrics.jsonl from latest.pt
+        (_sync_outputs), finished or not.
         """
         value = float(record.get(f"val_{self.task.best_metric}", -math.inf))
         improved = value > self.best_value
@@ -350,9 +364,6 @@ class Trainer:
             self.best_value, self.best_epoch = value, self.epoch
             if self.main:
                 self.best_weights = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
-                self._write_best()
-        elif self.main and self.best_epoch is not None and not self.best.exists():
-            self._write_best()  # deleted under us (snakemake); a finished stage needs it
         record["best"] = improved
         self._finish_record(record)
         self.rows.append(record)
@@ -360,6 +371,8 @@ class Trainer:
         self.step_in_epoch = 0
         self.partial = None
         self._save_latest(finished=self.epoch >= self.cfg.epochs)
+        if self.main and (improved or (self.best_epoch is not None and not self.best.exists())):
+            self._write_best()
         if self.main:
             records.write_metrics(self.metrics_path, self.rows)
             if self.tensorboard is not None:
