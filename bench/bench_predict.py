@@ -1,0 +1,87 @@
+"""`vcloud predict` speed: outputs (location-dates) per second, and the share of the time spent
+reading the store, in the model, and writing the COGs and the manifest.
+
+One synthetic ROI (bench/common.py) prepared once, stage-1 and stage-2 models of --config with
+fresh weights (speed does not depend on training; the refiner's output head gets small random
+weights, else the untrained refiner's all-zero head skips its passes), the wind scan off (no
+cache to build). Prints one JSON object.
+
+    python bench/bench_predict.py [--patches 4 --times 30 --size 256] [--device cuda] [--batch-size 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import ROI, add_tree_arguments, emit, make_raw  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    add_tree_arguments(parser)
+    parser.add_argument("--config", type=Path, default=Path(__file__).parents[1] / "config/models/small.yaml")
+    parser.add_argument("--stage", type=int, default=2, choices=(1, 2))
+    parser.add_argument("--draws", type=int, default=None)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--min-cover", type=float, default=0.05)
+    args = parser.parse_args()
+
+    import torch
+    import yaml
+
+    from vcloud.apply.run import predict
+    from vcloud.config import load_model_config
+    from vcloud.data.prepare import prepare_roi
+    from vcloud.models.cfdt import CFDT
+    from vcloud.models.refiner import Refiner
+    from vcloud.train.checkpoint import checkpoint_meta, save_checkpoint
+
+    work = args.workdir / f"predict_{args.patches}x{args.times}x{args.size}"
+    work.mkdir(parents=True, exist_ok=True)
+    store = work / "store.zarr"
+    if not store.is_dir():
+        raw = make_raw(args.workdir, patches=args.patches, times=args.times, size=args.size)
+        prepare_roi(raw=raw, roi=ROI, out=store, times=args.times, size=args.size)
+    models = yaml.safe_load(args.config.read_text())
+    models["stage1"]["model"]["wind_scan"] = False
+    config = work / "models.yaml"
+    config.write_text(yaml.safe_dump(models))
+    cfg = load_model_config(config)
+    torch.manual_seed(0)
+    checkpoints = {1: work / "stage1.pt", 2: work / "stage2.pt"}
+    save_checkpoint(
+        checkpoints[1], {**checkpoint_meta(stage=1, config_hash="b"), "model": CFDT(cfg.stage1.model).state_dict()}
+    )
+    refiner = Refiner(cfg.stage2.model)
+    with torch.no_grad():
+        refiner.head[-1].weight.normal_(0.0, 0.05)
+    save_checkpoint(checkpoints[2], {**checkpoint_meta(stage=2, config_hash="b"), "model": refiner.state_dict()})
+
+    out = work / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    timings: dict = {}
+    start = time.perf_counter()
+    predict(store=store, out=out, stage=args.stage, checkpoints={n: checkpoints[n] for n in range(1, args.stage + 1)},
+            config_path=config, draws=args.draws, batch_size=args.batch_size, device=args.device,
+            min_cover=args.min_cover, timings=timings)  # fmt: skip
+    wall = time.perf_counter() - start
+    outputs = timings["outputs"]
+    loop = timings["read"] + timings["model"] + timings["write"]
+    emit({
+        "benchmark": "predict", "config": str(args.config), "stage": args.stage, "device": args.device,
+        "threads": torch.get_num_threads(), "patch": args.size, "dates": args.times, "locations": args.patches,
+        "batch_size": args.batch_size, "draws": args.draws, "outputs": outputs, "wall_s": round(wall, 2),
+        "outputs_per_s": round(outputs / wall, 3),
+        "share": {name: round(timings[name] / loop, 3) for name in ("read", "model", "write")},
+        "setup_s": round(wall - loop, 2),
+    })  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
