@@ -179,7 +179,7 @@ def test_two_task_srun_ddp_through_the_multinode_launch_line(slurm_run, tmp_path
     from vcloud.runtime.lumi import RuleResources, multinode_prefix
 
     work, _ = slurm_run
-    overlay, cluster = write_overlay(tmp_path)
+    overlay, cluster = write_overlay(tmp_path, binds=[str(tmp_path), str(work), str(REPO)])
     res = RuleResources(
         rule="train_stage0", runtime=10, mem_mb=3000, threads=1, partition="small", gpus=0, nodes=2, cpus_per_gpu=7
     )

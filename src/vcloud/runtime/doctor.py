@@ -291,14 +291,18 @@ def check_resubmission(
                 f"resources.{rule}.epoch_minutes: not set and not measured yet; {cluster.spare_retries} retries only"
             )
             continue
-        retries = retries_needed(
-            epochs=epochs,
-            epoch_minutes=minutes,
-            runtime=res.runtime,
-            signal_seconds=cluster.signal_seconds,
-            restart_minutes=cluster.restart_minutes,
-            spare=cluster.spare_retries,
-        )
+        try:
+            retries = retries_needed(
+                epochs=epochs,
+                epoch_minutes=minutes,
+                runtime=res.runtime,
+                signal_seconds=cluster.signal_seconds,
+                restart_minutes=cluster.restart_minutes,
+                spare=cluster.spare_retries,
+            )
+        except ConfigError as err:
+            report.errors.append(f"resources.{rule}.runtime: {err}")
+            continue
         source = "measured" if measured else "estimated"
         report.lines.append(
             f"  {rule:<16} {epochs} epochs x {minutes:.1f} min ({source}) in {res.runtime} min jobs: {retries} retries"
