@@ -4,7 +4,10 @@
 
 POINT is where to die, at its N-th occurrence (with KILL_GROUP=1 the whole process group dies, e.g. snakemake): save_mid (inside torch.save, half a file
 written), before_rename / after_rename (either side of an os.replace: checkpoints, metrics),
-validation (entering validation), metrics (entering the metrics.jsonl write), timer (after
+after_replace:NAME (right after an os.replace onto a file named NAME, e.g. after_replace:latest.pt),
+validation (entering validation), term_leader (entering the N-th validation: SIGTERM to the process
+group's leader, e.g. snakemake started in its own session, and go on; die right after the N-th
+latest.pt commit: SLURM's SIGTERM, then SIGKILL, as an epoch ends), metrics (entering the metrics.jsonl write), timer (after
 SECONDS of wall time from the start of training), none. Nothing here is known to the trainer:
 the points are where its code calls torch.save, os.replace and so on.
 """
@@ -57,6 +60,35 @@ def install(point: str, n: int, seconds: float) -> None:
                 die()
 
         os.replace = replace  # the one os module: patches every atomic write (vcloud.io)
+    elif point.startswith("after_replace:"):
+        name = point.partition(":")[2]
+        real_replace = os.replace
+
+        def replace(src, dst, *args, **kwargs):
+            real_replace(src, dst, *args, **kwargs)
+            if os.path.basename(os.fspath(dst)) == name and hit():
+                die()
+
+        os.replace = replace
+    elif point == "term_leader":
+        real_validate = trainer.Trainer._validate
+        real_replace = os.replace
+        commits = {"n": 0}
+
+        def validate(self):
+            if hit():
+                os.kill(os.getpgrp(), signal.SIGTERM)
+            return real_validate(self)
+
+        def replace(src, dst, *args, **kwargs):
+            real_replace(src, dst, *args, **kwargs)
+            if os.path.basename(os.fspath(dst)) == "latest.pt":
+                commits["n"] += 1
+                if commits["n"] == n:
+                    die()
+
+        trainer.Trainer._validate = validate
+        os.replace = replace
     elif point == "validation":
         real_validate = trainer.Trainer._validate
 

@@ -31,12 +31,12 @@ EPOCHS = 3
 SAME_KEYS = ("epoch", "loss", "lr", "best", "curriculum", "val_psnr", "val_ssim", "val_sam", "val_mae", "val_rmse")
 
 # Where to die, at which occurrence within that process. Chained: each process resumes what the
-# previous one left. Writes per epoch: best.pt (when improved), latest.pt, metrics.jsonl.
+# previous one left. Writes per epoch: latest.pt (the commit), best.pt (when improved), metrics.jsonl.
 CHAIN = [
-    ("save_mid", 1),  # the first best.pt, half written
-    ("after_rename", 1),  # best.pt of epoch 0 in place, latest.pt not yet: best ahead of state
-    ("before_rename", 2),  # latest.pt of epoch 0 written to its temp file, not renamed
-    ("after_rename", 2),  # epoch 0 committed, metrics.jsonl not yet rewritten
+    ("save_mid", 1),  # the first latest.pt, half written
+    ("after_rename", 1),  # epoch 0 committed, best.pt not yet written: re-created on resume
+    ("before_rename", 2),  # a view re-created on resume, written to its temp file, not renamed
+    ("after_rename", 2),  # views re-created in part, metrics.jsonl not yet rewritten
     ("metrics", 1),  # entering the metrics write at the start of a resume
     ("validation", 1),
     ("save_mid", 2),

@@ -55,6 +55,8 @@ def test_killed_train_stage1_job_is_resubmitted_and_resumes(slurm_cluster, tmp_p
     assert reference["epoch"] == 2 and [row["best"] for row in reference_rows] == [True, True, False]
 
     (tmp_path / "kill").touch()
+    # A deliberate retrain (docs/resume.md): -R alone would find the finished latest.pt and train nothing.
+    os.replace(work / "results/stage1/latest.pt", work / "results/stage1/latest.before.pt")
     proc = subprocess.run(
         [
             *SNAKEMAKE,

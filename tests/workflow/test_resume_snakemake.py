@@ -1,16 +1,18 @@
-"""A killed snakemake, late in train_stage1, ends in the same stage as an uninterrupted run.
+"""A kill anywhere at the end of train_stage1, under real snakemake, never trains the stage again.
 
-The field case: the best validation was an earlier epoch, the kill comes in the last one.
-Snakemake marks best.pt incomplete and `--rerun-incomplete` deletes it; the resumed trainer
-must re-create it from latest.pt instead of failing with MissingOutputException (and then,
-on the next run, starting the stage from scratch). The same test checks the other half of
-the contract: `-R train_stage1` on a finished stage trains it again from the start.
+The field case (LUMI: 24-72 GPU-hours a stage): a node failure, a preemption or a killed
+snakemake in the last minutes of a stage. Snakemake marks the job's outputs incomplete and
+`--rerun-incomplete` deletes them (best.pt, metrics.jsonl); the trainer must re-create them
+from latest.pt - without training an epoch - and end with the weights and metrics rows of an
+uninterrupted run. Each kill point starts from a stage retrained deliberately, the documented
+way (docs/resume.md): latest.pt moved aside, then `-R train_stage1`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,9 +23,13 @@ import yaml
 
 from tests.workflow.snakemake_run import ROOT, SMALL, SNAKEMAKE
 
-pytestmark = pytest.mark.workflow
+pytestmark = [pytest.mark.workflow, pytest.mark.kill]
 
 TARGET = "results/stage1/best.pt"
+STAGE = "results/stage1"
+# Validation PSNR per epoch: the best is epoch 1 of 3 (best.pt last written in epoch 1), or
+# every epoch improves (best.pt written at the very end, and latest.pt's model is the best).
+EARLY_BEST, LATE_BEST = "1,3,2", "1,2,3"
 
 
 def models_config() -> dict:
@@ -34,80 +40,152 @@ def models_config() -> dict:
 
 
 def write_shim(folder, *, kill_group: bool = True) -> None:
-    """`vcloud` on PATH: stage 1 validates to PSNR 1, 3, 2 (the best is epoch 1 of 3) and, while
-    the file KILL exists, dies (with its snakemake when kill_group) entering its 3rd validation."""
+    """`vcloud` on PATH. For `train --stage 1` while the file $KILL exists (it holds
+    "POINT N SECONDS" of tests/kill/child.py, default "validation 3 0", or "exit"): die there,
+    with the whole process group (snakemake included) when kill_group, or, for "exit", kill
+    the group once the trainer has exited 0 (snakemake killed in its own output handling).
+    $SCORES: validation PSNR by epoch (default: the best is epoch 1 of 3)."""
     folder.mkdir()
     shim = folder / "vcloud"
-    child = f"VAL_PSNR_BY_EPOCH=1,3,2 exec {sys.executable} -m tests.kill.child"
+    child = f"{sys.executable} -m tests.kill.child"
     shim.write_text(
         "#!/bin/sh\n"
         'if [ "$1" = train ] && [ "$3" = 1 ]; then\n'
         "  shift\n"
-        f'  if [ -e "$KILL" ]; then rm "$KILL"; KILL_GROUP={int(kill_group)} {child} validation 3 0 -- "$@"; fi\n'
-        f'  {child} none 0 0 -- "$@"\n'
+        f'  export VAL_PSNR_BY_EPOCH="${{SCORES:-{EARLY_BEST}}}"\n'
+        '  if [ -e "$KILL" ]; then\n'
+        '    point=$(cat "$KILL"); rm "$KILL"; [ -n "$point" ] || point="validation 3 0"\n'
+        '    if [ "$point" = exit ]; then\n'
+        f'      {child} none 0 0 -- "$@" && kill -KILL 0\n'
+        "      exit 1\n"
+        "    fi\n"
+        f'    KILL_GROUP={int(kill_group)} exec {child} $point -- "$@"\n'
+        "  fi\n"
+        f'  exec {child} none 0 0 -- "$@"\n'
         "fi\n"
         f'exec {sys.executable} -m vcloud.cli "$@"\n'
     )
     shim.chmod(0o755)
 
 
-def snakemake(work, env, *args, check=True):
-    proc = subprocess.run(
+def snakemake(work, env, *args, check=True, sigterm_after_mark=False):
+    """snakemake in its own session; whatever is left of the group is SIGKILLed at the end."""
+    proc = subprocess.Popen(
         [*SNAKEMAKE, "--cores", "2", "--configfile", "resume.yaml", "-d", str(work), *args],
         cwd=work,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=900,
         start_new_session=True,
     )
+    try:
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the SIGKILL after a SIGTERM; jobs it left
+        except ProcessLookupError:
+            pass
     if check:
-        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return proc
+        assert proc.returncode == 0, out[-4000:]
+    return proc.returncode, out
 
 
 def rows(work) -> list[dict]:
-    keep = ("epoch", "loss", "val_psnr", "best")
-    lines = (work / "results/stage1/metrics.jsonl").read_text().splitlines()
-    return [{k: json.loads(line)[k] for k in keep} for line in lines]
+    keep = ("epoch", "loss", "lr", "val_psnr", "val_ssim", "best", "curriculum")
+    lines = (work / STAGE / "metrics.jsonl").read_text().splitlines()
+    return [{k: json.loads(line).get(k) for k in keep} for line in lines]
 
 
-def test_killed_snakemake_late_in_train_stage1_resumes_to_the_same_weights(tmp_path):
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "models.yaml").write_text(yaml.safe_dump(models_config()))
-    (work / "resume.yaml").write_text(yaml.safe_dump({**SMALL, "model_config": str(work / "models.yaml")}))
-    write_shim(tmp_path / "bin")
-    env = dict(
+def env_for(tmp_path, scores) -> dict:
+    return dict(
         os.environ,
         PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
         PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
         KILL=str(tmp_path / "kill"),
+        SCORES=scores,
     )
 
-    snakemake(work, env, TARGET)  # uninterrupted: the reference
-    reference = torch.load(work / TARGET, weights_only=True)
-    reference_rows = rows(work)
-    assert reference["epoch"] == 2 and [row["best"] for row in reference_rows] == [True, True, False]
 
-    (tmp_path / "kill").touch()
-    killed = snakemake(work, env, TARGET, "-R", "train_stage1", check=False)
-    assert killed.returncode == -signal.SIGKILL, (killed.stdout + killed.stderr)[-3000:]
-    latest = torch.load(work / "results/stage1/latest.pt", weights_only=True)
-    assert (latest["epoch"], latest["finished"]) == (2, False)  # -R started fresh; died in epoch 2 of 3
-    assert (work / "results/stage1/.train.lock").exists()  # left by the killed trainer
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """A work folder whose data is prepared and stage 1 trained once (early best)."""
+    base = tmp_path_factory.mktemp("resume")
+    work = base / "work"
+    work.mkdir()
+    (work / "models.yaml").write_text(yaml.safe_dump(models_config()))
+    (work / "resume.yaml").write_text(yaml.safe_dump({**SMALL, "model_config": str(work / "models.yaml")}))
+    write_shim(base / "bin")
+    snakemake(work, env_for(base, EARLY_BEST), TARGET)
+    return work
 
-    incomplete = snakemake(work, env, TARGET, check=False)
-    said = incomplete.stdout + incomplete.stderr
-    assert incomplete.returncode != 0 and "--rerun-incomplete" in said and TARGET in said
-    snakemake(work, env, TARGET, "--unlock")  # what the README says after a killed snakemake
-    snakemake(work, env, TARGET, "--rerun-incomplete")  # deletes the incomplete best.pt, reruns
+
+@pytest.fixture(scope="module")
+def references(prepared, tmp_path_factory):
+    """{scores: (best.pt, metrics rows, seconds of the whole train_stage1 job)} of uninterrupted runs."""
+    done = {EARLY_BEST: (torch.load(prepared / TARGET, weights_only=True), rows(prepared), job_seconds(prepared))}
+    base = tmp_path_factory.mktemp("reference")
+    work = clone(prepared, base)
+    retrain(work, env_for(base, LATE_BEST))
+    done[LATE_BEST] = (torch.load(work / TARGET, weights_only=True), rows(work), job_seconds(work))
+    return done
+
+
+def clone(prepared, base):
+    work = base / "work"
+    shutil.copytree(prepared, work, symlinks=True)
+    shutil.copytree(prepared.parent / "bin", base / "bin")
+    return work
+
+
+def retrain(work, env, **kwargs):
+    """The deliberate fresh start under snakemake (docs/resume.md): latest.pt aside, then -R."""
+    os.replace(work / STAGE / "latest.pt", work / STAGE / "latest.before.pt")
+    return snakemake(work, env, TARGET, "-R", "train_stage1", **kwargs)
+
+
+def job_seconds(work) -> float:
+    lines = (work / "benchmarks/train_stage1/train_stage1.tsv").read_text().splitlines()
+    return float(lines[1].split("\t")[0])
+
+
+KILL_POINTS = {
+    # name: (validation scores, what the KILL file holds)
+    "after the final best.pt": (LATE_BEST, "after_replace:best.pt 3 0"),
+    "after the final latest.pt commit": (EARLY_BEST, "after_replace:latest.pt 3 0"),
+    "after the final metrics row": (EARLY_BEST, "after_replace:metrics.jsonl 3 0"),
+    "in snakemake's output handling": (EARLY_BEST, "exit"),
+    "snakemake SIGTERM then SIGKILL as the last epoch ends": (LATE_BEST, "term_leader 3 0"),
+}
+
+
+@pytest.mark.parametrize("point", list(KILL_POINTS))
+def test_a_kill_at_the_end_of_a_stage_never_trains_it_again(point, prepared, references, tmp_path):
+    scores, kill = KILL_POINTS[point]
+    work = clone(prepared, tmp_path)
+    env = env_for(tmp_path, scores)
+    (tmp_path / "kill").write_text(kill)
+    code, said = retrain(work, env, check=False)
+    assert not (tmp_path / "kill").exists()  # the kill was armed for this run
+    assert code == -signal.SIGKILL, said[-3000:]  # snakemake died with its job
+    latest = torch.load(work / STAGE / "latest.pt", weights_only=True)
+    assert (latest["epoch"], latest["finished"]) == (3, True), point  # the last epoch was committed
+
+    code, said = snakemake(work, env, TARGET, check=False)
+    if code != 0:  # what snakemake asks for after it was killed (README: After a killed snakemake)
+        assert "--rerun-incomplete" in said or "--unlock" in said, said[-3000:]
+        snakemake(work, env, TARGET, "--unlock")
+        snakemake(work, env, TARGET, "--rerun-incomplete")
 
     log = (work / "logs/train_stage1/train_stage1.log").read_text()
-    assert "took over a stale lock" in log and "resuming from" in log and "re-creating" in log
-    resumed = torch.load(work / TARGET, weights_only=True)
-    assert resumed["epoch"] == reference["epoch"] and resumed["best_value"] == reference["best_value"]
+    assert "is finished; re-creating what is missing, training nothing" in log, log[-3000:]
+    assert "stage 1 epoch" not in log and "starting fresh" not in log  # not one epoch trained
+    reference, reference_rows, reference_s = references[scores]
+    best = torch.load(work / TARGET, weights_only=True)
+    assert (best["epoch"], best["best_value"]) == (reference["epoch"], reference["best_value"])
+    assert best["model"].keys() == reference["model"].keys()
     for key, value in reference["model"].items():
-        assert torch.equal(resumed["model"][key], value), key
+        assert torch.equal(best["model"][key], value), key
     assert rows(work) == reference_rows  # one row per epoch, the same values
-    assert "Nothing to be done" in snakemake(work, env, TARGET).stdout + snakemake(work, env, TARGET).stderr
+    print(f"{point}: rerun job {job_seconds(work):.1f} s, uninterrupted job {reference_s:.1f} s")
+    assert "Nothing to be done" in snakemake(work, env, TARGET)[1]
