@@ -33,6 +33,7 @@ include: "workflow/rules/wind.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/export.smk"
 include: "workflow/rules/predict.smk"
+include: "workflow/rules/rehearsal.smk"
 
 
 # On a cluster (config/lumi.yaml): `vcloud doctor` checks, warnings here, fatal at start.
@@ -46,4 +47,4 @@ onstart:
 rule all:
     default_target: True
     input:
-        get_final_outputs() + get_predict_outputs(),
+        get_final_outputs() + get_predict_outputs() + get_rehearsal_outputs(),

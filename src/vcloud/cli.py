@@ -271,6 +271,51 @@ def _cmd_image(args: argparse.Namespace) -> None:
         print(f"{out}: written ({image.version_stamp(Path('.'))}); bound by every rule at /user-software")
 
 
+def _cmd_rccl_check(args: argparse.Namespace) -> None:
+    from vcloud.runtime import transport
+
+    _apply_env(args)
+    report = transport.run_check(log_dir=args.log_dir, out=args.out)
+    if report.get("ok"):
+        print(f"{args.out}: RCCL used aws-ofi-rccl over cxi on {report['world_size']} ranks")
+
+
+def _cmd_rehearsal_summary(args: argparse.Namespace) -> None:
+    from vcloud.runtime import rehearsal
+
+    stamp = None
+    stamp_file = Path("/user-software/vcloud-version")  # the environment image, inside the container
+    if stamp_file.is_file():
+        stamp = stamp_file.read_text().strip()
+    locations = 0
+    if args.train_store is not None:
+        from vcloud.data.store import open_store
+
+        locations = int(open_store(args.train_store).sizes["location"])
+    estimate = None
+    try:
+        from vcloud.config import load_model_config
+        from vcloud.models.memory import estimate as memory_estimate
+
+        estimate = round(memory_estimate(load_model_config(args.config))["cfdt_gb_configured"], 1)
+    except ImportError:  # no torch where this runs
+        pass
+    summary = rehearsal.summarize(
+        results=args.results,
+        logs=args.logs,
+        stamp=stamp,
+        miopen_cache=args.miopen_cache,
+        transport=args.transport,
+        full_samples_per_epoch=rehearsal.full_epoch_samples(args.config, args.full_config, max(locations, 1)),
+        stage1_estimate_gb=estimate,
+    )
+    print("\n".join(rehearsal.lines(summary)))
+    if not summary["passed"]:  # beside the output, for the doctor: never taken as done
+        rehearsal.write(summary, args.out.with_name(args.out.name + ".failed"))
+        raise VcloudError(f"rehearsal: failed: {'; '.join(summary['problems'])}")
+    rehearsal.write(summary, args.out)
+
+
 def _cmd_doctor(args: argparse.Namespace) -> None:
     from vcloud.runtime.doctor import run
 
@@ -498,6 +543,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runner", default="singularity", help="container runtime (singularity or apptainer)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     p.set_defaults(func=_cmd_image)
+
+    p = sub.add_parser("rccl-check", help="one all-reduce; fail unless RCCL logs aws-ofi-rccl over cxi")
+    p.add_argument("--log-dir", type=Path, required=True, help="folder for RCCL's INFO log, one file per rank")
+    p.add_argument("--out", type=Path, required=True, help="report (JSON); written only when the check passes")
+    _add_env_flag(p)
+    p.set_defaults(func=_cmd_rccl_check)
+
+    p = sub.add_parser("rehearsal-summary", help="the dev-g rehearsal's closing summary (pass or fail)")
+    p.add_argument("--results", type=Path, required=True, help="the rehearsal's results folder")
+    p.add_argument("--logs", type=Path, default=Path("logs"), help="the rules' logs folder")
+    p.add_argument("--config", type=Path, required=True, help="the rehearsal's model config")
+    p.add_argument("--full-config", type=Path, help="the real run's model config (its epoch sizes)")
+    p.add_argument("--train-store", type=Path, help="the real training split store (its locations per epoch)")
+    p.add_argument("--transport", type=Path, help="rccl-check's report (absent: the transport check did not run)")
+    p.add_argument("--miopen-cache", help="MIOPEN_USER_DB_PATH of the runtime environment")
+    p.add_argument("--out", type=Path, required=True, help="summary JSON, written only when the rehearsal passed")
+    p.set_defaults(func=_cmd_rehearsal_summary)
 
     p = sub.add_parser("doctor", help="pre-flight checks of a cluster run (one line per problem)")
     p.add_argument("--profile", type=Path, default=Path("profiles/lumi"), help="snakemake profile folder")

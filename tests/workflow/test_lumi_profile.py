@@ -248,3 +248,35 @@ def test_set_resources_that_change_the_task_geometry_are_refused(tmp_path):
     assert (
         "--set-resources train_stage1:tasks_per_gpu: vcloud sets the task geometry itself" in proc.stdout + proc.stderr
     )
+
+
+def test_rehearsal_plan_indexes_one_region_and_runs_every_gpu_rule_on_dev_g(tmp_path):
+    """`snakemake --profile lumi --configfile config/lumi.yaml config/lumi-rehearsal.yaml -n` as
+    typed: 4 archives indexed (not 20), 3 ROIs, every GPU job on dev-g one at a time, the forced
+    warning on stage 1, the 8-GCD transport step and the closing summary."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for name in ("s1_africa", "s2_africa", "s1_africa_test", "s2_africa_test"):
+        (raw / f"{name}.tar.gz").write_bytes(b"")
+    proc = snakemake(
+        ["-n", "-p", "--configfile", "config/lumi.yaml", "config/lumi-rehearsal.yaml",
+         "--config", f"data={{raw: {raw}, rois: [ROIs1970/21, ROIs2017/22, ROIs2017/32]}}"],
+        tmp_path, stand_in_env(tmp_path),
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    counts = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            counts[parts[0]] = int(parts[1])
+    assert counts["index_archive"] == 4 and counts["prepare_roi"] == 3, counts
+    assert counts["rehearse_transport"] == 1 and counts["rehearsal_summary"] == 1, counts
+    for rule in ("train_stage0", "train_stage1", "train_stage2", "train_stage3", "evaluate_stage3"):
+        block = out[out.index(f"rule {rule}:") :]
+        block = block[: block.index("\n\n")]
+        resources = next(line for line in block.splitlines() if "resources:" in line)
+        assert "slurm_partition=dev-g" in resources and "dev_g_jobs=1" in resources, resources
+    assert out.count("python3 -m vcloud.runtime.launch --warn-after 150 vcloud train --stage 1") == 1
+    transport = out[out.index("rule rehearse_transport:") :]
+    assert "--nproc-per-node=8" in transport[: transport.index("\n\n")]
+    assert "vcloud rehearsal-summary --results results-rehearsal" in out

@@ -139,3 +139,32 @@ def get_accounting_input():
 
 def get_final_outputs():
     return get_accounting_input() + [get_report_file("accounting.tsv")]
+
+
+def is_rehearsal():
+    """The dev-g rehearsal (config/lumi-rehearsal.yaml): its transport step and summary run."""
+    return config["rehearsal"]["enabled"]
+
+
+def get_transport_report():
+    return f"{RESULTS}/rehearsal/transport.json"
+
+
+def get_full_model_config():
+    """The real run's model config beside the rehearsal's (its epoch sizes)."""
+    return str(Path(get_model_config()).with_name("full.yaml"))
+
+
+def get_rehearsal_summary_input(wildcards):
+    found = {
+        "train": get_split_store("train"),
+        "reports": [get_eval_report(stage) for stage in STAGE_NUMBERS],
+        "checkpoints": [get_checkpoint(stage) for stage in STAGE_NUMBERS],
+    }
+    if config["rehearsal"]["transport"]:
+        found["transport"] = get_transport_report()
+    return found
+
+
+def get_rehearsal_outputs():
+    return [config["rehearsal"]["summary"]] if is_rehearsal() else []

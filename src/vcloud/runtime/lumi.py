@@ -204,6 +204,7 @@ class RuleResources:
     cpus_per_gpu: int
     mem_mb_per_gpu: int | None = None
     epoch_minutes: float | None = None  # estimated time of one epoch (training rules)
+    rehearse_warning: int | None = None  # seconds: a forced wall-time warning (the dev-g rehearsal)
 
     @classmethod
     def from_config(cls, config: dict, key: str, rule: str | None = None) -> RuleResources:
@@ -225,6 +226,7 @@ class RuleResources:
             cpus_per_gpu=entry.get("cpus_per_gpu", 7),
             mem_mb_per_gpu=per_gpu,
             epoch_minutes=entry.get("epoch_minutes"),
+            rehearse_warning=entry.get("rehearse_warning"),
         )
 
     @property
@@ -519,6 +521,9 @@ def step_prefix(res: RuleResources, cluster: Cluster, *, tasks_per_node: int | N
             "export APPTAINERENV_MASTER_PORT=$SINGULARITYENV_MASTER_PORT",
         ]
     run = f"srun {' '.join(geometry)} singularity exec {cluster.apptainer_args()} {shlex.quote(cluster.image)}"
+    if res.rehearse_warning and res.world_size == 1:
+        # The dev-g rehearsal: SLURM's warning forced early, once per stage (runtime/launch.py).
+        run += f" python3 -m vcloud.runtime.launch --warn-after {res.rehearse_warning}"
     if res.gpus > 1 and tasks == 1:
         # torchrun dies of SIGUSR1 (its agent handles TERM/INT/HUP/QUIT only) and takes the
         # ranks with it mid-save: it starts with USR1 ignored; each rank installs its handler.

@@ -1,0 +1,164 @@
+"""The dev-g rehearsal's closing summary (`vcloud rehearsal-summary`), and what the doctor
+makes of it.
+
+The rehearsal (config/lumi-rehearsal.yaml) runs every rule of the real run on LUMI for under
+1 GPU-h. Its summary gathers what only the real machine can say: GCDs seen and HIP version,
+the environment image's stamp, the MIOpen cache, each rank's CPU mask, peak GPU memory of each
+stage (stage 1 against `vcloud memory`'s estimate), the forced wall-time warning's resume,
+RCCL's transport, and the time per sample of each stage, turned into the epoch minutes of the
+full run for config/lumi.yaml. It passes when every stage finished, one resumed after the
+forced warning, and the transport check passed (when it ran). `vcloud doctor` recommends the
+rehearsal until a passing summary exists for the current environment image.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+from vcloud.io import atomic_write_text
+from vcloud.registry import STAGES
+
+RANK_LINE = re.compile(
+    r"rank (\d+)/(\d+) .*? device (\S+)(?: of (\d+))?(?: \(hip ([^)]+)\))? .*?cpu affinity ([0-9a-fA-Fx]+|n/a)"
+)
+RESUMED = "resuming from"
+
+
+def _rows(path: Path) -> list[dict]:
+    rows = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return rows
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def stage_summary(*, results: Path, logs: Path, stage) -> dict:
+    """What one stage's files say: finished, resumed, time per sample, peak memory, ranks."""
+    rows = _rows(results / stage.name / "metrics.jsonl")
+    log_path = logs / stage.train_rule / f"{stage.train_rule}.log"
+    text = log_path.read_text(errors="replace") if log_path.is_file() else ""
+    ranks = [
+        {"rank": int(m[1]), "world": int(m[2]), "device": m[3], "devices": m[4], "hip": m[5], "cpu_mask": m[6]}
+        for m in RANK_LINE.finditer(text)
+    ]
+    per_sample = [
+        1 / r["samples_per_s"]
+        for r in rows
+        if isinstance(r.get("samples_per_s"), (int, float)) and r["samples_per_s"] > 0
+    ]
+    return {
+        "finished": (results / stage.name / "best.pt").is_file(),
+        "epochs": len(rows),
+        "resumed": RESUMED in text,
+        "seconds_per_sample": min(per_sample) if per_sample else None,
+        "peak_memory_gb": max((r.get("peak_memory_mb", 0) for r in rows), default=0) / 1024 or None,
+        "ranks": ranks,
+    }
+
+
+def summarize(
+    *,
+    results: Path,
+    logs: Path,
+    stamp: str | None,
+    miopen_cache: str | None,
+    transport: Path | None,
+    full_samples_per_epoch: dict[str, int] | None = None,
+    stage1_estimate_gb: float | None = None,
+) -> dict:
+    stages = {stage.name: stage_summary(results=Path(results), logs=Path(logs), stage=stage) for stage in STAGES}
+    transport_report = json.loads(Path(transport).read_text()) if transport and Path(transport).is_file() else None
+    ranks = [r for s in stages.values() for r in s["ranks"]]
+    hip = next((r["hip"] for r in ranks if r["hip"]), None) or (transport_report or {}).get("hip")
+    devices = next((int(r["devices"]) for r in ranks if r["devices"]), None)
+    epoch_minutes = {}
+    for name, found in stages.items():
+        samples = (full_samples_per_epoch or {}).get(name)
+        if samples and found["seconds_per_sample"]:
+            epoch_minutes[f"train_{name}"] = round(samples * found["seconds_per_sample"] / 60, 1)
+    problems = [f"{name}: not finished" for name, s in stages.items() if not s["finished"]]
+    if not any(s["resumed"] for s in stages.values()):
+        problems.append("no stage resumed after the forced wall-time warning (resources.<rule>.rehearse_warning)")
+    if transport is not None and not (transport_report or {}).get("ok"):
+        problems.append("the RCCL transport check did not pass (rehearse_transport)")
+    return {
+        "passed": not problems,
+        "problems": problems,
+        "stamp": stamp,
+        "gcds_visible": devices,
+        "hip": hip,
+        "miopen_cache": miopen_cache,
+        "cpu_masks": sorted({r["cpu_mask"] for r in ranks}),
+        "stage1_memory": {"peak_gb": stages["stage1"]["peak_memory_gb"], "estimate_gb": stage1_estimate_gb},
+        "transport": transport_report,
+        "epoch_minutes": epoch_minutes,
+        "stages": stages,
+    }
+
+
+def lines(summary: dict) -> list[str]:
+    """The summary for people (the rule's log)."""
+    out = [f"rehearsal: {'PASSED' if summary['passed'] else 'FAILED'}"]
+    out += [f"  problem: {p}" for p in summary["problems"]]
+    out.append(f"  GCDs visible {summary['gcds_visible']}, HIP {summary['hip']}, image {summary['stamp']}")
+    out.append(f"  MIOpen cache {summary['miopen_cache']}, CPU masks {', '.join(summary['cpu_masks']) or '-'}")
+    mem = summary["stage1_memory"]
+    out.append(f"  stage 1 peak {mem['peak_gb']} GB against the estimate {mem['estimate_gb']} GB")
+    for name, stage in summary["stages"].items():
+        out.append(
+            f"  {name}: finished {stage['finished']}, resumed {stage['resumed']}, "
+            f"{stage['seconds_per_sample']} s per sample, peak {stage['peak_memory_gb']} GB"
+        )
+    for rule, minutes in summary["epoch_minutes"].items():
+        out.append(f"  resources.{rule}.epoch_minutes: {minutes} (measured; put it in config/lumi.yaml)")
+    return out
+
+
+def write(summary: dict, out: Path) -> None:
+    atomic_write_text(Path(out), json.dumps(summary, indent=2, default=str) + "\n")
+
+
+def doctor_warning(config: dict, stamp: str | None) -> str | None:
+    """The doctor's recommendation while no passing rehearsal exists for this environment."""
+    from vcloud.runtime.image import same_code
+
+    section = config.get("rehearsal") or {}
+    if section.get("enabled"):
+        return None  # this is the rehearsal
+    path = Path(section.get("summary") or "results-rehearsal/rehearsal.json")
+    command = "snakemake --profile lumi --configfile config/lumi.yaml config/lumi-rehearsal.yaml"
+    failed = path.with_name(path.name + ".failed")
+    try:
+        summary = json.loads((path if path.is_file() else failed).read_text())
+    except (OSError, ValueError):
+        return f"rehearsal: none yet ({path}); rehearse on dev-g first (< 1 GPU-h): `{command}`"
+    if not summary.get("passed"):
+        return f"rehearsal: {path} did not pass ({'; '.join(summary.get('problems') or ['?'])}); rerun `{command}`"
+    if stamp and not (summary.get("stamp") and same_code(summary["stamp"], stamp)):
+        return f"rehearsal: {path} passed with another environment image ({summary.get('stamp')}); rerun `{command}`"
+    return None
+
+
+def full_epoch_samples(model_config: Path, full_model_config: Path | None, train_locations: int) -> dict[str, int]:
+    """Samples per epoch of each stage in the full run (its own samples_per_epoch, or the
+    config's, or one per training location)."""
+    from vcloud.config import load_model_config
+
+    cfg = load_model_config(full_model_config or model_config)
+    out = {}
+    for stage in STAGES:
+        section = getattr(cfg, stage.name)
+        samples = getattr(section.train, "samples_per_epoch", None) or cfg.data.samples_per_epoch or train_locations
+        out[stage.name] = int(math.ceil(samples))
+    return out

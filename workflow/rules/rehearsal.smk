@@ -1,0 +1,53 @@
+# The dev-g rehearsal's own rules (config/lumi-rehearsal.yaml sets rehearsal.enabled): the RCCL
+# transport step on several GCDs and the closing summary. The rehearsal's training rules are
+# the real ones; resources.<rule>.rehearse_warning forces a wall-time warning on one of them.
+
+
+if is_rehearsal():
+
+    rule rehearse_transport:
+        output:
+            report=get_transport_report(),
+        log:
+            "logs/rehearse_transport/rehearse_transport.log",
+        benchmark:
+            "benchmarks/rehearse_transport/rehearse_transport.tsv"
+        retries: 0
+        container:
+            get_container("rehearse_transport")
+        threads: get_threads("rehearse_transport")
+        resources:
+            **get_slurm_resources("rehearse_transport"),
+        params:
+            launch=get_launch_prefix("rehearse_transport"),
+            logs="logs/rehearse_transport/rccl",
+            env=lambda wildcards: get_runtime_env_flags(),
+        shell:
+            "{params.launch} vcloud rccl-check --log-dir {params.logs} --out {output.report}"
+            " {params.env} > {log} 2>&1"
+
+    rule rehearsal_summary:
+        input:
+            unpack(get_rehearsal_summary_input),
+        output:
+            summary=config["rehearsal"]["summary"],
+        log:
+            "logs/rehearsal_summary/rehearsal_summary.log",
+        localrule: True
+        container:
+            get_container("rehearsal_summary")
+        threads: 1
+        params:
+            results=RESULTS,
+            config=get_model_config(),
+            full=get_full_model_config(),
+            transport=lambda wildcards, input: (
+                f"--transport {input.transport}" if "transport" in input.keys() else ""
+            ),
+            miopen=lambda wildcards: config["runtime_env"].get(
+                "MIOPEN_USER_DB_PATH", ""
+            ),
+        shell:
+            "vcloud rehearsal-summary --results {params.results} --logs logs --config {params.config}"
+            " --full-config {params.full} --train-store {input.train} {params.transport}"
+            " --miopen-cache {params.miopen:q} --out {output.summary} > {log} 2>&1"
