@@ -151,8 +151,9 @@ def get_transport_report():
 
 
 def get_full_model_config():
-    """The real run's model config beside the rehearsal's (its epoch sizes)."""
-    return str(Path(get_model_config()).with_name("full.yaml"))
+    """The real run's model config (config/models/full.yaml): the epoch sizes the rehearsal's
+    measured step times are turned into."""
+    return f"{VCLOUD_ROOT}/config/models/full.yaml"
 
 
 def get_rehearsal_summary_input(wildcards):
@@ -168,3 +169,40 @@ def get_rehearsal_summary_input(wildcards):
 
 def get_rehearsal_outputs():
     return [config["rehearsal"]["summary"]] if is_rehearsal() else []
+
+
+# --- vcloud predict (workflow/rules/predict.smk) ---
+
+
+def get_predict_rois():
+    return [roi.slug for roi in get_split_rois(PREDICT["split"])]
+
+
+def get_predict_manifest(roi):
+    """Written last by vcloud predict: it exists only when every output of the ROI is made."""
+    return f"{RESULTS}/predict/stage{PREDICT['stage']}/{roi}/manifest.json"
+
+
+def get_predict_outputs():
+    """What `all` asks of predict (the manifests when predict.enabled, else nothing)."""
+    if not PREDICT["enabled"]:
+        return []
+    return [get_predict_manifest(roi) for roi in get_predict_rois()]
+
+
+def get_predict_input(wildcards):
+    """The ROI's prepared store and the checkpoints (and wind cache) the stage's predictor reads."""
+    return logic.evaluate_inputs(
+        PREDICT["stage"],
+        store=f"{PREPARED}/rois/{wildcards.roi}.zarr",
+        checkpoint_path=get_checkpoint,
+        wind_cache=get_wind_cache_input(),
+    )
+
+
+def get_predict_flags():
+    """The predict section as vcloud predict flags (a params entry: a change reruns the jobs)."""
+    flags = f"--min-cover {PREDICT['min_cover']} --batch-size {PREDICT['batch_size']}"
+    if PREDICT["draws"] is not None:
+        flags += f" --draws {PREDICT['draws']}"
+    return flags

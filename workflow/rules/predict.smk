@@ -5,40 +5,6 @@
 PREDICT = config["predict"]
 
 
-def get_predict_rois():
-    return [roi.slug for roi in get_split_rois(PREDICT["split"])]
-
-
-def get_predict_manifest(roi):
-    """Written last by vcloud predict: it exists only when every output of the ROI is made."""
-    return f"{RESULTS}/predict/stage{PREDICT['stage']}/{roi}/manifest.json"
-
-
-def get_predict_outputs():
-    """rule all's share: the manifests when predict.enabled, else nothing."""
-    if not PREDICT["enabled"]:
-        return []
-    return [get_predict_manifest(roi) for roi in get_predict_rois()]
-
-
-def get_predict_input(wildcards):
-    """The ROI's prepared store and the checkpoints (and wind cache) the stage's predictor reads."""
-    return logic.evaluate_inputs(
-        PREDICT["stage"],
-        store=f"{PREPARED}/rois/{wildcards.roi}.zarr",
-        checkpoint_path=get_checkpoint,
-        wind_cache=get_wind_cache_input(),
-    )
-
-
-def get_predict_flags():
-    """The predict section as vcloud predict flags (a params entry: a change reruns the jobs)."""
-    flags = f"--min-cover {PREDICT['min_cover']} --batch-size {PREDICT['batch_size']}"
-    if PREDICT["draws"] is not None:
-        flags += f" --draws {PREDICT['draws']}"
-    return flags
-
-
 rule predict:
     input:
         unpack(get_predict_input),
