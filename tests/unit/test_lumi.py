@@ -404,3 +404,17 @@ def test_the_step_gets_the_cores_its_dataloader_workers_leave():
     assert runtime_env.step_threads(0, {"OMP_NUM_THREADS": "2"}) == 2
     assert runtime_env.step_threads(7, {"OMP_NUM_THREADS": "7"}) == 1  # never none
     assert runtime_env.step_threads(2, {"OMP_NUM_THREADS": "8"}) == 6
+
+
+def test_a_lumi_ai_factory_image_is_one_setting(lumi_config):
+    """cluster.image naming an AI Factory image: every container call, the profile and the
+    environment build follow it; nothing else names the CSC image."""
+    from vcloud.runtime import image as env_image
+
+    aif = "/appl/local/laifs/containers/lumi-multitorch-full-u24r70f21m50t210-20260415_130625/lumi-multitorch.sif"
+    config = dataclasses.replace(Cluster.from_config(lumi_config), image=aif)
+    line = launch_prefix(RuleResources.from_config(lumi_config, "train_stage1"), config)
+    assert f" {aif}" in line and "pytorch_2.5.1" not in line
+    assert env_image.probe_command(base=aif)[:3] == ["singularity", "exec", aif]
+    steps = env_image.build_commands(base=aif, repo=REPO, build=Path("/tmp/b"), out=Path("/tmp/o.sqsh"))
+    assert all(aif in step for step in steps[:-1])
