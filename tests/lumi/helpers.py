@@ -100,6 +100,16 @@ def write_overlay(workdir: Path, *, binds: list[str] | None = None, **extra) -> 
     return path, Cluster.from_config(config)
 
 
+def lumi_tree(root: Path) -> Path:
+    """/scratch/<project> as on LUMI, a symlink to /pfs/lustrep2/scratch/<project>, with a clone
+    folder in it: returns the clone's path through the symlink (where a user `cd`s)."""
+    real = root / "pfs" / "lustrep2" / "scratch" / TEST_ACCOUNT
+    (real / "vcloud" / "code").mkdir(parents=True)
+    (root / "scratch").mkdir()
+    (root / "scratch" / TEST_ACCOUNT).symlink_to(real)
+    return root / "scratch" / TEST_ACCOUNT / "vcloud" / "code"
+
+
 def stand_in_env(workdir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{STAND_IN}:{env['PATH']}"

@@ -23,6 +23,7 @@ from tests.lumi.helpers import (
     TEST_ACCOUNT,
     binds_of,
     exec_calls,
+    lumi_tree,
     stand_in_env,
     write_overlay,
 )
@@ -239,15 +240,22 @@ def test_two_task_srun_ddp_through_the_multinode_launch_line(slurm_run, tmp_path
     assert len(calls) == 2  # one singularity exec per task
     for call in calls:
         assert "--rocm" not in call["argv"] and cluster.image in call["argv"]
-        assert f"/scratch/{TEST_ACCOUNT}" in binds_of(call["argv"])
+        assert set(cluster.binds) <= set(binds_of(call["argv"]))
         assert call["containlibs"] == ",".join(cluster.containlibs)
         assert call["env"]["SINGULARITYENV_MASTER_ADDR"] == host
 
 
 def test_lumi_profile_submits_through_slurm_into_the_image(slurm_cluster, tmp_path):
-    """`snakemake --profile lumi` as typed: jobs go to SLURM with the configured partition and
-    account, and each runs in the image with the binds and containlibs of the profile."""
-    overlay, cluster = write_overlay(tmp_path)
+    """`snakemake --profile lumi` as typed, from a clone reached through the /scratch symlink
+    (as on LUMI): jobs go to SLURM with the configured partition and account, start in the
+    physical /pfs working directory, and each runs in the image with the binds (/pfs among
+    them) and containlibs of the profile."""
+    lumi = tmp_path / "lumi"
+    code = lumi_tree(lumi)
+    container = tmp_path / "container"
+    container.mkdir()
+    binds = [str(lumi / "pfs"), str(lumi / "scratch" / TEST_ACCOUNT), str(container)]
+    overlay, cluster = write_overlay(container, binds=binds)
     env = stand_in_env(tmp_path)
     proc = subprocess.run(
         [
@@ -255,7 +263,7 @@ def test_lumi_profile_submits_through_slurm_into_the_image(slurm_cluster, tmp_pa
             "--profile",
             "lumi",
             "-d",
-            str(tmp_path),
+            str(code),
             "--configfile",
             "config/lumi.yaml",
             str(overlay),
@@ -282,7 +290,12 @@ def test_lumi_profile_submits_through_slurm_into_the_image(slurm_cluster, tmp_pa
         assert set(cluster.binds) <= set(binds_of(call["argv"]))
         # The profile's precommand ran in the job before its snakemake: apptainer saw it.
         assert call["containlibs"] == ",".join(cluster.containlibs)
-    logs = list((tmp_path / "logs" / "slurm").rglob("*.log"))
+    assert (code / "results/prepared/rois/ROIs1868_119.zarr/zarr.json").is_file()
+    logs = list((code / "logs" / "slurm").rglob("*.log"))
+    workdir = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-j", logs[0].stem, "-o", "WorkDir"], capture_output=True, text=True
+    ).stdout.strip()
+    assert workdir.startswith(str(lumi / "pfs")), workdir  # the physical path, as on LUMI
     assert len(logs) == 4  # slurm-logdir from the profile: one log per job
     for log in logs:
         acct = sacct(log.stem)

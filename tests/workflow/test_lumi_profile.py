@@ -19,6 +19,7 @@ from tests.lumi.helpers import (
     TEST_ACCOUNT,
     binds_of,
     exec_calls,
+    lumi_tree,
     require_stand_in,
     stand_in_env,
     write_overlay,
@@ -124,22 +125,13 @@ def test_rules_run_in_the_image_with_the_binds_and_never_rocm(tmp_path):
     assert (tmp_path / "results/prepared/rois/ROIs1868_119.zarr/zarr.json").is_file()
 
 
-def _lumi_tree(root):
-    """/scratch/<project> as on LUMI: a symlink to /pfs/lustrep2/scratch/<project>."""
-    real = root / "pfs" / "lustrep2" / "scratch" / TEST_ACCOUNT
-    (real / "vcloud" / "code").mkdir(parents=True)
-    (root / "scratch").mkdir()
-    (root / "scratch" / TEST_ACCOUNT).symlink_to(real)
-    return root / "scratch" / TEST_ACCOUNT / "vcloud" / "code"
-
-
 @pytest.mark.container
 def test_working_directory_through_the_scratch_symlink(tmp_path):
     """The clone reached through /scratch/<project> (a symlink): jobs start in the physical
     /pfs path and `../data` lies there. Bound without /pfs, the start check names the path and
     submits nothing; with /pfs bound (config/lumi.yaml), the rules see it and the run passes."""
     lumi = tmp_path / "lumi"
-    code = _lumi_tree(lumi)
+    code = lumi_tree(lumi)
     container = tmp_path / "container"
     container.mkdir()
     extra = {"paths": {"prepared": "../data/prepared"}}

@@ -162,3 +162,20 @@ def full_epoch_samples(model_config: Path, full_model_config: Path | None, train
         samples = getattr(section.train, "samples_per_epoch", None) or cfg.data.samples_per_epoch or train_locations
         out[stage.name] = int(math.ceil(samples))
     return out
+
+
+def rehearsed_epoch_minutes(config: dict) -> dict[str, float]:
+    """The full run's epoch minutes measured by a passing rehearsal (train rule -> minutes), for
+    the retries and the bill until the real run measures its own; none for the rehearsal."""
+    section = config.get("rehearsal") or {}
+    if section.get("enabled"):
+        return {}
+    path = Path(section.get("summary") or "results-rehearsal/rehearsal.json")
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(summary, dict) or not summary.get("passed"):
+        return {}
+    found = summary.get("epoch_minutes") or {}
+    return {rule: float(m) for rule, m in found.items() if isinstance(m, (int, float)) and m > 0}
