@@ -35,6 +35,14 @@ class Stage:
     # where s2cloudless runs on the clouded targets (stages 1-3, train/stages.py detect_on).
     needs_device: bool = False
     viewer_label: str | None = None  # a layer and method of the viewer under this label; None: not shown
+    # The config section whose `model` this stage trains (its weights and Adam state are what its
+    # checkpoints hold); None: its own. Stage 3 fine-tunes the stage-2 refiner.
+    trains: str | None = None
+
+    @property
+    def model_section(self) -> str:
+        """`<section>.model` of the model config: the model this stage trains."""
+        return self.trains or self.name
 
     @property
     def name(self) -> str:
@@ -89,7 +97,7 @@ STAGES: tuple[Stage, ...] = (
     # on labelled + pseudo-labelled samples; predicts as the stage-1 draft refined by it
     Stage(3, upstream=(1, 2), predictor_needs=(1, 3), reads_wind=True,
           builder=f"{_BUILDERS}:stage3", predictor=f"{_PREDICTORS}:refined", needs_device=True,
-          viewer_label="stage 3 output"),
+          viewer_label="stage 3 output", trains="stage2"),
 )  # fmt: skip
 
 STAGE_NUMBERS: tuple[int, ...] = tuple(stage.number for stage in STAGES)

@@ -115,3 +115,18 @@ def test_old_raw_dir_key_gets_one_clear_line():
     with pytest.raises(ConfigError, match=r"^data.raw_dir: renamed to data.raw \(a path or a list"):
         check_data_config({"data": {"raw_dir": "/x"}})
     check_data_config({"data": {"raw": "/x"}})
+
+
+def test_each_stage_checkpoint_is_priced_for_the_model_it_trains(monkeypatch):
+    """Stage 3 fine-tunes the stage-2 refiner: its checkpoints hold the refiner's weights and
+    Adam state (12 bytes a parameter), not the CFDT's."""
+    import sys
+    from types import SimpleNamespace
+
+    from vcloud.runtime.budget import Budget, _checkpoint_bytes
+
+    counts = {"autoencoder_params": 10, "cfdt_params": 156_000_000, "refiner_params": 45_000_000}
+    fake = SimpleNamespace(parameter_counts=lambda model_set: counts)  # no torch needed
+    monkeypatch.setitem(sys.modules, "vcloud.models.memory", fake)
+    got = _checkpoint_bytes(object(), Budget())
+    assert got == {"stage0": 120, "stage1": 12 * 156_000_000, "stage2": 12 * 45_000_000, "stage3": 12 * 45_000_000}

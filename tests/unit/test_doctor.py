@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -63,29 +64,162 @@ def lumi_gpu_hours(entry: dict, *, partition_full: bool, gpus_per_node: int = 8)
     return 0.5 * max(math.ceil(cores / 8), math.ceil(mem_mb / (64 * 1024)), gcds) * hours
 
 
-def expected_total(config) -> float:
-    total = 0.0
-    for entry in config["resources"].values():
-        if not entry.get("gpus"):
+def cpu_core_hours(entry: dict) -> float:
+    """LUMI's `small` partition: max(cores, ceil(memory / 2 GB)) core-hours per hour."""
+    return max(entry["threads"], math.ceil(entry["mem_mb"] / 2048)) * entry["runtime"] / 60
+
+
+# Jobs per rule of config/lumi.yaml, counted by hand: the dataset's 53 ROIs (data.rois: all)
+# lie in 20 archives (5 regions x s1/s2 x train/_test), one index_archive each; one
+# prepare_roi per ROI; train, val and test assembled; the report rules are local (login node);
+# synthetic data and predict are off.
+LUMI_JOBS = {
+    "synth_raw": 0, "index_archive": 20, "prepare_roi": 53, "assemble_split": 3, "wind_cache": 1,
+    "train_stage0": 1, "train_stage1": 1, "train_stage2": 1, "train_stage3": 1, "fixed_protocol": 1,
+    "evaluate_stage0": 1, "evaluate_stage1": 1, "evaluate_stage2": 1, "evaluate_stage3": 1,
+    "export_viewer": 1, "predict": 0, "report_curves": 0, "report_tables": 0, "accounting": 0,
+}  # fmt: skip
+
+
+def hand_bill(config: dict, model_set) -> dict[str, tuple[int, str, float, float]]:
+    """rule -> (jobs, unit, expected, worst), job by job, written out independently of
+    vcloud.runtime.bill. Per hour: LUMI's formulas above. Expected hours of a training job: its
+    epochs at epoch_minutes plus one start per SLURM job the epochs need (wall time less the
+    warning and the start), capped by those jobs' wall times; else the wall time. Worst case:
+    retries + 1 attempts at the wall time, where a training rule has the jobs its epochs need
+    - 1 + spare_retries, an evaluation spare_retries, a CPU rule none."""
+    cluster = config["cluster"]
+    spare, restart = cluster["spare_retries"], cluster["restart_minutes"]
+    out = {}
+    for rule, entry in config["resources"].items():
+        jobs = LUMI_JOBS[rule]
+        if not jobs:
             continue
-        full = config["cluster"]["partitions"][entry["partition"]]["full_nodes"]
-        total += lumi_gpu_hours(entry, partition_full=full)
-    return total
+        wall = entry["runtime"] / 60
+        if entry.get("gpus"):
+            full = cluster["partitions"][entry["partition"]]["full_nodes"]
+            unit, per_hour = "GPU-h", lumi_gpu_hours(entry, partition_full=full) / wall
+        else:
+            unit, per_hour = "core-h", cpu_core_hours(entry) / wall
+        hours, attempts = wall, 1
+        if rule.startswith("evaluate_"):
+            attempts = spare + 1
+        if rule.startswith("train_"):
+            epochs = getattr(model_set, rule.removeprefix("train_")).train.epochs
+            work = epochs * entry["epoch_minutes"]
+            needed = math.ceil(work / (entry["runtime"] - cluster["signal_seconds"] / 60 - restart))
+            hours = min(work + needed * restart, needed * entry["runtime"]) / 60
+            attempts = needed + spare
+        out[rule] = (jobs, unit, jobs * per_hour * hours, jobs * per_hour * attempts * wall)
+    return out
 
 
-def test_shipped_lumi_config_passes_once_account_is_set(base, model_set):
+BILL_LINE = re.compile(
+    r"^  (?P<rule>\w+) +(?P<jobs>\d+) jobs? .* = (?P<expected>[\d.]+) (?P<unit>GPU-h|core-h) expected; "
+    r"worst (?P<attempts>\d+) x [\d.]+ h = (?P<worst>[\d.]+) (?P=unit)$"
+)
+
+
+def printed_bill(report: Report) -> dict[str, tuple[int, str, float, float]]:
+    """The doctor's bill lines as rule -> (jobs, unit, expected, worst); rules of 0 jobs left out."""
+    found = {}
+    for text in report.lines:
+        if m := BILL_LINE.match(text):
+            found[m["rule"]] = (int(m["jobs"]), m["unit"], float(m["expected"]), float(m["worst"]))
+    return found
+
+
+def printed_totals(report: Report) -> tuple[float, float, float, float]:
+    """(GPU-h expected, GPU-h worst, core-h expected, core-h worst) of the total line."""
+    text = next(x for x in report.lines if x.lstrip().startswith("total "))
+    m = re.match(
+        r"^  total ([\d.]+) GPU-h expected, ([\d.]+) GPU-h worst case \(.*\); "
+        r"([\d.]+) CPU core-h expected, ([\d.]+) worst case$",
+        text,
+    )
+    assert m, text
+    return tuple(float(v) for v in m.groups())
+
+
+def hand_totals(config: dict, model_set) -> tuple[float, float, float, float]:
+    bill = hand_bill(config, model_set).values()
+    return (
+        sum(e for _, u, e, _ in bill if u == "GPU-h"),
+        sum(w for _, u, _, w in bill if u == "GPU-h"),
+        sum(e for _, u, e, _ in bill if u == "core-h"),
+        sum(w for _, u, _, w in bill if u == "core-h"),
+    )
+
+
+def test_the_bill_of_lumi_yaml_adds_up_job_by_job(base, model_set, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # data.raw (../data/SEN12MS-CR-TS) not here: the dataset's 53 ROIs
     report = run(base, model_set)
     assert report.errors == []
-    total = expected_total(base)
-    assert any(f"total {total:.1f} GPU-h" in line for line in report.lines), report.lines
     # The field facts' example: 1 GCD, 7 cores, 60 GB for 72 h -> 36 GPU-h (not the seeds' 72).
     assert lumi_gpu_hours({"runtime": 4320, "gpus": 1, "mem_mb": 60 * 1024}, partition_full=False) == 36
-    assert any(
-        line.lstrip().startswith("train_stage1")
-        and "= " in line
-        and f"{lumi_gpu_hours(base['resources']['train_stage1'], partition_full=False):.1f} GPU-h" in line
-        for line in report.lines
+    want, got = hand_bill(base, model_set), printed_bill(report)
+    assert got.keys() == want.keys()
+    for rule, (jobs, unit, expected, worst) in want.items():
+        assert got[rule][:2] == (jobs, unit), (rule, got[rule])
+        assert got[rule][2] == pytest.approx(expected, abs=0.05), rule
+        assert got[rule][3] == pytest.approx(worst, abs=0.05), rule
+    for rule in ("synth_raw", "predict", "report_curves", "report_tables", "accounting"):
+        assert any(x.startswith(f"  {rule} ") and " 0 jobs (" in x for x in report.lines), rule
+    assert printed_totals(report) == pytest.approx(hand_totals(base, model_set), abs=0.1)
+    # The same by hand once more, in numbers (config/lumi.yaml, full.yaml; 0.5 GPU-h per hour):
+    # train 50 x 25 + 100 x 27 + 50 x 30 + 10 x 30 min + 4 starts x 10 min = 96.5 h -> 48.25,
+    # evaluations 4 x 4 h -> 8: 56.25 GPU-h expected. Worst: each train rule 2 retries, each
+    # evaluation 2: 3 x (3 x 72 + 48) h + 3 x 4 x 4 h = 840 h -> 420 GPU-h. CPU: index 20 x 4 x 2 h
+    # = 160, prepare 53 x 8 x 4 h = 1,696, assemble 3 x 2 x 2 h = 12, wind 0.5, fixed protocol
+    # 32 x 2 h = 64, viewer 8 x 2 h = 16: 1,948.5 core-h, no retries.
+    assert printed_totals(report) == pytest.approx((56.25, 420.0, 1948.5, 1948.5), abs=0.06)
+
+
+def test_a_measured_epoch_time_moves_the_expected_bill_not_the_price(base, model_set, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    good_a, good_p = good_args(base)
+    report = preflight(base, model_set, apptainer_args=good_a, precommand=good_p, train_inputs=ALL_INPUTS,
+                       memory=False, epoch_minutes={"train_stage1": 60.0})  # fmt: skip
+    line = next(x for x in report.lines if x.startswith("  train_stage1 ") and "GPU-h/h" in x)
+    # 100 epochs x 60 min = 100 h: 2 jobs of 72 h (68.8 h of training each), 2 starts.
+    assert "100 epochs x 60.0 min measured + 2 x 10 min start" in line, line
+    assert printed_bill(report)["train_stage1"] == pytest.approx(
+        (1, "GPU-h", 0.5 * (6000 + 20) / 60, 0.5 * 4 * 72), abs=0.05
     )
+
+
+def test_cpu_requests_fill_the_memory_slices_they_pay_for(base):
+    """On `small`, a job pays max(cores, memory / 2 GB): each CPU rule that runs on LUMI asks
+    for as many cores as slices (index_archive: one thread, its memory decides, and it no longer
+    borrows prepare_roi's 4 cores and 16 GB), fixed_protocol excepted (32 LightGBM threads)."""
+    res = base["resources"]
+    assert res["index_archive"]["threads"] == 1 and cpu_core_hours(res["index_archive"]) / 2 == 4
+    for rule in ("prepare_roi", "assemble_split", "wind_cache", "export_viewer"):
+        assert res[rule]["threads"] == math.ceil(res[rule]["mem_mb"] / 2048), rule
+    data_rules = (REPO / "workflow" / "rules" / "data.smk").read_text()
+    index_rule = data_rules[data_rules.index("rule index_archive:") : data_rules.index("rule prepare_roi:")]
+    assert 'get_slurm_resources("index_archive")' in index_rule and "prepare_roi" not in index_rule
+
+
+def test_local_rules_are_the_workflows(base):
+    """The bill leaves out exactly the rules export.smk runs on the login node."""
+    from vcloud.runtime.bill import LOCAL_RULES
+
+    text = (REPO / "workflow" / "rules" / "export.smk").read_text()
+    block = text[text.index("localrules:") :].split("\n\n")[0]
+    assert {w.strip(" ,") for w in block.splitlines()[1:]} <= set(LOCAL_RULES)
+
+
+def test_archives_and_rois_follow_the_rois_to_prepare(base, model_set, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = copy.deepcopy(base)
+    # One train ROI of europa and one test ROI of asiaEast: s1/s2_europa, s1/s2_asiaEast_test.
+    config["data"]["rois"] = ["ROIs1970/71", "ROIs1868/73"]
+    config["predict"]["enabled"] = True
+    bill = printed_bill(run(config, model_set))
+    assert bill["index_archive"][0] == 4 and bill["prepare_roi"][0] == 2
+    assert bill["predict"][0] == 1  # predict.split test: ROIs1868/73
+    assert bill["predict"][3] == pytest.approx(3 * 0.5 * 4)  # 2 spare retries of 4 h
 
 
 @pytest.mark.parametrize(
@@ -102,18 +236,20 @@ def test_billing_follows_lumis_formula(base, model_set, change):
     config["resources"]["train_stage1"].update(change)
     report = run(config, model_set)
     assert not [e for e in report.errors if "train_stage1" in e], report.errors
-    want = lumi_gpu_hours(config["resources"]["train_stage1"], partition_full=False)
-    line = next(line for line in report.lines if line.lstrip().startswith("train_stage1 ") and "GPU-h/h" in line)
-    assert f"= {want:>9.1f} GPU-h" in line, line
-    assert any(f"total {expected_total(config):.1f} GPU-h" in x for x in report.lines)
+    entry = config["resources"]["train_stage1"]
+    per_hour = lumi_gpu_hours(entry, partition_full=False) / (entry["runtime"] / 60)
+    line = next(x for x in report.lines if x.startswith("  train_stage1 ") and "GPU-h/h" in x)
+    assert f" x {per_hour:g} GPU-h/h [" in line, line
+    assert printed_totals(report) == pytest.approx(hand_totals(config, model_set), abs=0.1)
 
 
 def test_cpu_rules_are_billed_in_core_hours(base, model_set):
     report = run(base, model_set)
     entry = base["resources"]["prepare_roi"]
-    want = max(entry["threads"], math.ceil(entry["mem_mb"] / 2048)) * entry["runtime"] / 60
-    line = next(line for line in report.lines if line.lstrip().startswith("prepare_roi "))
-    assert f"= {want:>9.1f} core-h" in line, line
+    per_hour = max(entry["threads"], math.ceil(entry["mem_mb"] / 2048))
+    line = next(line for line in report.lines if line.startswith("  prepare_roi "))
+    assert f" x {per_hour:g} core-h/h [max({entry['threads']} cores, " in line, line
+    assert f" = {53 * per_hour * entry['runtime'] / 60:.1f} core-h expected;" in line, line
 
 
 def test_memory_follows_the_gcds(base):
@@ -135,7 +271,7 @@ def test_set_resources_moves_the_doctor_and_bad_ones_are_refused(base, model_set
     config = copy.deepcopy(base)
     # A whole node goes to standard-g, its wall time capped at standard-g's 2 days.
     config["resources"]["train_stage1"].update(gpus=8, partition="standard-g", runtime=2880)
-    assert any(f"total {expected_total(config):.1f} GPU-h" in line for line in report.lines)
+    assert printed_totals(report) == pytest.approx(hand_totals(config, model_set), abs=0.1)
     assert any("train_stage1" in line and "4 x 1 nodes" in line for line in report.lines)
     report = run(base, model_set, overrides={"train_stage1": {"tasks_per_gpu": 1}})
     assert report.errors == [
@@ -233,20 +369,25 @@ def test_multinode_on_standard_g_passes(base, model_set):
     config["resources"]["train_stage1"].update(partition="standard-g", nodes=4, gpus=8, runtime=2880)
     report = run(config, model_set)
     assert report.errors == []
-    want = lumi_gpu_hours(config["resources"]["train_stage1"], partition_full=True)  # 4 x 4 x 48 h
-    assert any(
-        line.lstrip().startswith("train_stage1") and f"{want:.1f} GPU-h" in line and "4 x 4 nodes" in line
-        for line in report.lines
-    )
+    per_hour = lumi_gpu_hours(config["resources"]["train_stage1"], partition_full=True) / 48  # 4 x 4 nodes
+    assert any(line.startswith("  train_stage1 ") and f"x {per_hour:g} GPU-h/h [4 x 4 nodes]" in line
+               for line in report.lines)  # fmt: skip
+    assert printed_totals(report) == pytest.approx(hand_totals(config, model_set), abs=0.1)
 
 
 def test_budget_exceeded(base, model_set):
     config = copy.deepcopy(base)
-    config["cluster"]["gpu_hour_budget"] = 100
+    config["cluster"]["gpu_hour_budget"] = 100  # above the expected 56 GPU-h, below the worst 420
+    report = run(config, model_set)
+    assert report.errors == []
+    assert (
+        "cluster.gpu_hour_budget: the worst case (every retry at its full wall time) needs 420 GPU-h, "
+        "more than the budget of 100"
+    ) in report.warnings
+    config["cluster"]["gpu_hour_budget"] = 50
     report = run(config, model_set)
     assert report.errors == [
-        f"cluster.gpu_hour_budget: the requested wall times need "
-        f"{expected_total(config):.0f} GPU-h, more than the budget of 100"
+        "cluster.gpu_hour_budget: the run is expected to need 56 GPU-h, more than the budget of 50"
     ]
 
 

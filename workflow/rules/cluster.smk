@@ -6,11 +6,11 @@ import os
 
 from vcloud import workflow as logic
 from vcloud.errors import ConfigError
+from vcloud.runtime.bill import rule_retries
 from vcloud.runtime.lumi import (
     Cluster,
     RuleResources,
     launch_prefix,
-    retries_needed,
     slurm_resources,
     uses_container,
 )
@@ -106,20 +106,9 @@ def get_retries(rule_name):
         # allocation after the warning (measured: a second step, killed at the time limit).
         # Snakemake >= 9.14.1 does this for --retries; the rule directive needs it here.
         return 0
-    res = get_rule_resources(rule_name)
-    stage = logic.stage_of_rule(rule_name)
-    minutes = EPOCH_MINUTES.get(rule_name) or res.epoch_minutes
-    if stage is None or minutes is None:
-        return CLUSTER.spare_retries
-    epochs = getattr(MODEL_SET, stage.name).train.epochs
-    try:
-        return retries_needed(
-            epochs=epochs,
-            epoch_minutes=minutes,
-            runtime=res.runtime,
-            signal_seconds=CLUSTER.signal_seconds,
-            restart_minutes=CLUSTER.restart_minutes,
-            spare=CLUSTER.spare_retries,
+    try:  # the numbers the doctor's bill uses for the worst case
+        return rule_retries(
+            rule_name, get_rule_resources(rule_name), CLUSTER, MODEL_SET, EPOCH_MINUTES
         )
     except ConfigError as err:
         raise WorkflowError(f"resources.{rule_name}: {err}") from None

@@ -43,11 +43,10 @@ rule index_archive:
     conda:
         "../../envs/vcloud.yaml"
     container:
-        get_container("prepare_roi")
-    threads: 1
+        get_container("index_archive")
+    threads: get_threads("index_archive")
     resources:
-        # One streaming pass per archive: prepare_roi's memory and wall time are ample.
-        **get_slurm_resources("prepare_roi"),
+        **get_slurm_resources("index_archive"),
     params:
         index_dir=lambda wildcards, output: Path(output.index).parent,
     shell:

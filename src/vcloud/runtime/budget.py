@@ -29,6 +29,7 @@ from vcloud.constants import S1_BANDS, S2_BANDS
 # Files of a prepared store: one shard per image variable per location plus a fixed part per
 # store (the store module's own figures, checked against a real store by its tests).
 from vcloud.data.store import FILES_PER_LOCATION, STORE_METADATA_FILES
+from vcloud.registry import STAGES
 
 # Split stores hard-link the per-ROI shards (one inode, one copy of the pixels): metadata only.
 SPLITS = ("train", "val", "test")
@@ -41,6 +42,8 @@ ASSUMED_ARCHIVE_RATIO = 0.5
 # A checkpoint holds the weights and Adam's two moments: 12 bytes per parameter (fp32).
 CHECKPOINT_BYTES_PER_PARAM = 12
 CHECKPOINT_FALLBACK_BYTES = 4 << 30  # per checkpoint file when torch cannot count parameters
+# The key of models.memory.parameter_counts for the model of each config section (`<section>.model`).
+PARAMS_OF_SECTION = {"stage0": "autoencoder_params", "stage1": "cfdt_params", "stage2": "refiner_params"}
 RESULT_FILES_PER_STAGE = 4  # best.pt, latest.pt, metrics.jsonl, eval/stage<n>.json
 VIEWER_FILES_PER_SAMPLE = 9  # one PNG per layer
 LOG_FILES_PER_JOB = 3  # logs/<rule>/*.log, benchmarks/<rule>/*.tsv, logs/slurm/*
@@ -214,7 +217,7 @@ def data_budget(config: dict, model_set=None) -> Budget:
     results = Path(paths["results"])
     checkpoint = _checkpoint_bytes(model_set, budget)
     viewer = config.get("viewer", {}).get("samples", 12) * VIEWER_FILES_PER_SAMPLE + 3
-    budget.items.append(Item("checkpoints, metrics, evaluation", results, 4 * RESULT_FILES_PER_STAGE,
+    budget.items.append(Item("checkpoints, metrics, evaluation", results, len(STAGES) * RESULT_FILES_PER_STAGE,
                              2 * sum(checkpoint.values()), estimated=True))  # fmt: skip
     budget.items.append(Item("viewer and report", results, viewer + 12, viewer << 16, estimated=True))
     archives = sum(1 for item in budget.items if item.what == "raw archives")
@@ -234,12 +237,13 @@ def _checkpoint_bytes(model_set, budget: Budget) -> dict[str, int]:
         except ImportError:  # torch is not on a LUMI login node
             counts = None
         if counts:
-            per = CHECKPOINT_BYTES_PER_PARAM
-            return {"stage0": per * counts["autoencoder_params"], "stage1": per * counts["cfdt_params"],
-                    "stage2": per * counts["refiner_params"], "stage3": per * counts["cfdt_params"]}  # fmt: skip
+            # Each stage's checkpoint holds the model it trains (the registry's model_section):
+            # stage 3 fine-tunes the stage-2 refiner, not the CFDT.
+            return {stage.name: CHECKPOINT_BYTES_PER_PARAM * counts[PARAMS_OF_SECTION[stage.model_section]]
+                    for stage in STAGES}  # fmt: skip
     budget.notes.append(f"checkpoints: parameters not counted (no torch here); {CHECKPOINT_FALLBACK_BYTES >> 30} "
                         "GiB per checkpoint assumed")  # fmt: skip
-    return {f"stage{n}": CHECKPOINT_FALLBACK_BYTES for n in range(4)}
+    return {stage.name: CHECKPOINT_FALLBACK_BYTES for stage in STAGES}
 
 
 # ----------------------------------------------------------------------------- quotas

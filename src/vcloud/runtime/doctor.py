@@ -225,36 +225,52 @@ def _hours(minutes: int) -> str:
     return f"{days}-{rest // 60:02d}:{rest % 60:02d}:00"
 
 
-def billed_hours(config: dict, cluster: Cluster, report: Report, overrides: dict | None = None) -> None:
-    """What LUMI bills for each rule at its requested wall time (an upper bound: jobs stop
-    when done, and a training rule's resubmissions add their restarts)."""
-    report.lines.append(
-        f"Billed at the requested wall times ({BILLING_SOURCE}; GPU-h: 0.5 per "
-        "GCD-hour on small-g/dev-g, 4 per node-hour on standard-g):"
+def billed_hours(
+    config: dict,
+    cluster: Cluster,
+    report: Report,
+    overrides: dict | None = None,
+    *,
+    model_set=None,
+    epoch_minutes: dict | None = None,
+) -> None:
+    """What LUMI bills for the run, rule by rule (vcloud.runtime.bill): each rule's jobs x its
+    price per hour x the hours of one job, expected (epoch times, else the wall time) and in
+    the worst case (every attempt the workflow allows at its full wall time). Over the budget
+    in the worst case is a warning; expected over it, an error."""
+    from vcloud.runtime.bill import line, rule_bills, totals
+
+    bills, problems = rule_bills(
+        config,
+        cluster,
+        lambda rule: rule_resources(config, rule, overrides),
+        model_set=model_set,
+        epoch_minutes=epoch_minutes,
     )
-    totals = {"GPU-h": 0.0, "core-h": 0.0}
-    for key in config["resources"]:
-        res = rule_resources(config, key, overrides)
-        part = cluster.partitions.get(res.partition)
-        if part is None:
-            continue  # named by check_resources
-        bill = billing(res, part)
-        hours = bill.hours(res.runtime / 60)
-        totals[bill.unit] += hours
-        report.lines.append(
-            f"  {key:<16} {bill.per_hour:>6g} {bill.unit}/h x {res.runtime / 60:>6.1f} h "
-            f"= {hours:>9.1f} {bill.unit}  ({bill.formula})"
-        )
-    total = totals["GPU-h"]
-    share = 100 * total / cluster.gpu_hour_budget if cluster.gpu_hour_budget else float("inf")
+    report.errors += [p for p in problems if p not in report.errors]  # check_resubmission may name it
     report.lines.append(
-        f"  total {total:.1f} GPU-h of the {cluster.gpu_hour_budget:.0f} GPU-h "
-        f"budget ({share:.1f} %), and {totals['core-h']:.1f} CPU core-h"
+        f"Bill per rule ({BILLING_SOURCE}; GPU-h: 0.5 per GCD-hour on small-g/dev-g, 4 per node-hour "
+        "on standard-g; core-h on small: max(cores, memory / 2 GB)): jobs x price x hours, expected "
+        "and worst case (retries + 1 attempts at the full wall time):"
     )
-    if total > cluster.gpu_hour_budget:
+    report.lines += [line(bill) for bill in bills]
+    sums = totals(bills)
+    expected, worst = sums["expected"]["GPU-h"], sums["worst"]["GPU-h"]
+    budget = cluster.gpu_hour_budget
+    share = 100 * worst / budget if budget else float("inf")
+    report.lines.append(
+        f"  total {expected:.1f} GPU-h expected, {worst:.1f} GPU-h worst case ({share:.1f} % of the "
+        f"{budget:.0f} GPU-h budget); {sums['expected']['core-h']:.1f} CPU core-h expected, "
+        f"{sums['worst']['core-h']:.1f} worst case"
+    )
+    if expected > budget:
         report.errors.append(
-            f"cluster.gpu_hour_budget: the requested wall times need {total:.0f} "
-            f"GPU-h, more than the budget of {cluster.gpu_hour_budget:.0f}"
+            f"cluster.gpu_hour_budget: the run is expected to need {expected:.0f} GPU-h, more than the budget of {budget:.0f}"
+        )
+    elif worst > budget:
+        report.warnings.append(
+            f"cluster.gpu_hour_budget: the worst case (every retry at its full wall time) needs {worst:.0f} GPU-h, "
+            f"more than the budget of {budget:.0f}"
         )
 
 
@@ -425,7 +441,7 @@ def preflight(
     if memory:
         check_memory(model_set, cluster, report)
     check_resubmission(config, model_set, cluster, report, overrides, epoch_minutes)
-    billed_hours(config, cluster, report, overrides)
+    billed_hours(config, cluster, report, overrides, model_set=model_set, epoch_minutes=epoch_minutes)
     from vcloud.runtime.budget import check_budget  # data budget against cluster.quotas
 
     check_budget(config, model_set if memory else None, report)

@@ -1,0 +1,245 @@
+"""The bill of a run: every rule times its jobs, by LUMI's formulas, expected and worst case.
+
+Jobs per rule follow the workflow's own fan-out (workflow/rules/*.smk): one `index_archive` per
+archive that holds a ROI to prepare (s1 and s2 of its region's train or `_test` archive), one
+`prepare_roi` per ROI (an array job on LUMI: each task is billed as one job), one
+`assemble_split` per split, one job each for the others, and the opt-in `predict` once per ROI
+of `predict.split` when `predict.enabled`. Local rules run where snakemake runs and cost nothing.
+
+Expected hours of a job: a training rule needs its epochs at the measured (else configured)
+minutes per epoch plus one start-up (cluster.restart_minutes) per job it takes, capped by the
+wall times of those jobs; any other rule its wall time, since nothing estimates it better yet.
+Worst case: every attempt the workflow allows (retries + 1, with the retries `get_retries` of
+workflow/rules/cluster.smk gives the rule: `rule_retries` below) runs to its full wall time.
+
+Host-side only (a LUMI login node): no torch, no numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from vcloud.constants import SPLITS
+from vcloud.errors import ConfigError
+from vcloud.registry import STAGES
+from vcloud.runtime.lumi import Cluster, RuleResources, billing, retries_needed
+
+# Rules run by snakemake itself on the login node (`localrules:` of workflow/rules/export.smk,
+# `localrule: True` in rehearsal.smk; era5_wind has no resources entry): not billed.
+LOCAL_RULES = ("report_curves", "report_tables", "accounting", "rehearsal_summary")
+# Rules with a `retries:` directive (train.smk, export.smk, predict.smk); the others have none
+# and the lumi profile sets no global --retries, so they run once.
+RETRIED_RULES = (
+    *(stage.train_rule for stage in STAGES),
+    *(stage.evaluate_rule for stage in STAGES),
+    "predict",
+)
+
+
+@dataclass(frozen=True)
+class RuleBill:
+    rule: str
+    jobs: int
+    why: str  # where the job count comes from, when it is not one job
+    unit: str = "core-h"  # "GPU-h" or "core-h"
+    per_hour: float = 0.0  # billed units per wall hour of one job
+    formula: str = ""
+    expected_hours: float = 0.0  # wall hours of one job, expected
+    basis: str = ""  # how expected_hours was found
+    attempts: int = 1  # retries + 1
+    runtime_hours: float = 0.0  # requested wall time of one attempt
+
+    @property
+    def expected(self) -> float:
+        return self.jobs * self.per_hour * self.expected_hours
+
+    @property
+    def worst(self) -> float:
+        return self.jobs * self.per_hour * self.attempts * self.runtime_hours
+
+
+# --- jobs per rule ---------------------------------------------------------------------------
+
+
+def rois_to_prepare(config: dict) -> tuple[list, str]:
+    """(ROIs, where they come from), as the workflow's get_rois: the synthetic list, the
+    configured list, or for `all` the ROIs the raw data hold (the dataset's 53 while the raw
+    paths are not there to look at)."""
+    from vcloud.data.layout import dataset_rois, parse_roi
+
+    if config["synthetic"]["enabled"]:
+        return [parse_roi(text) for text in config["synthetic"]["rois"]], "of synthetic.rois"
+    rois = config["data"]["rois"]
+    if rois != "all":
+        return [parse_roi(text) for text in rois], "of data.rois"
+    from pathlib import Path
+
+    from vcloud.data.archive import discover_raw_rois
+
+    raws = [Path(p) for p in _raw_paths(config)]
+    if raws and all(p.exists() for p in raws):
+        try:
+            return discover_raw_rois(raws), "under data.raw"
+        except Exception:  # a bad raw path is named by the workflow and by `vcloud prepare`
+            pass
+    return dataset_rois(), "of the dataset (data.rois: all)"
+
+
+def _raw_paths(config: dict) -> list[str]:
+    raw = config["data"]["raw"]
+    return [raw] if isinstance(raw, str) else list(raw)
+
+
+def _archive_input(config: dict) -> bool:
+    """As the workflow's is_archive_input; raw paths not there yet count as the archives as
+    downloaded (config/lumi.yaml's case before the download)."""
+    if config["synthetic"]["enabled"]:
+        return bool(config["synthetic"]["archives"])
+    from pathlib import Path
+
+    from vcloud.data.archive import classify
+
+    kinds = []
+    for raw in _raw_paths(config):
+        try:
+            kinds.append(classify(Path(raw)))
+        except Exception:  # missing: the download is still to come
+            kinds.append("archives")
+    return any(kind != "tree" for kind in kinds)
+
+
+def rule_jobs(config: dict, model_set=None) -> dict[str, tuple[int, str]]:
+    """rule -> (jobs, why) for every rule the run may submit (rules of unknown fan-out: one)."""
+    from vcloud.data.archive import archive_for
+    from vcloud.data.layout import KINDS, dataset_region
+    from vcloud.data.splits import assign_splits
+
+    rois, source = rois_to_prepare(config)
+    jobs: dict[str, tuple[int, str]] = {}
+    synthetic = bool(config["synthetic"]["enabled"])
+    jobs["synth_raw"] = (1, "") if synthetic else (0, "synthetic.enabled is false")
+    if _archive_input(config):
+        archives = {archive_for(roi, kind) for roi in rois if dataset_region(roi) for kind in KINDS}
+        jobs["index_archive"] = (len(archives), f"the s1 and s2 archives of the {len(rois)} ROIs")
+    else:
+        jobs["index_archive"] = (0, "data.raw is an extracted tree")
+    jobs["prepare_roi"] = (len(rois), f"ROIs {source}")
+    jobs["assemble_split"] = (len(SPLITS), "train, val, test")
+    wind = model_set is None or model_set.stage1.model.wind_scan
+    jobs["wind_cache"] = (1, "") if wind else (0, "stage1.model.wind_scan is off")
+    predict = config.get("predict") or {}
+    if predict.get("enabled"):
+        splits = assign_splits(rois, test=config["data"]["splits"]["test"], val=config["data"]["splits"]["val"])
+        jobs["predict"] = (len(splits[predict["split"]]), f"ROIs of the {predict['split']} split")
+    else:
+        jobs["predict"] = (0, "predict.enabled is false")
+    return jobs
+
+
+# --- retries and expected time ---------------------------------------------------------------
+
+
+def rule_retries(rule: str, res: RuleResources, cluster: Cluster, model_set, epoch_minutes: dict | None = None) -> int:
+    """The retries the workflow gives the rule on a cluster (get_retries in cluster.smk): a
+    training rule enough resubmissions for its epochs plus cluster.spare_retries; the other
+    rules with a `retries:` directive spare_retries; the rest none. ConfigError from a wall
+    time that leaves no training time."""
+    if rule not in RETRIED_RULES:
+        return 0
+    stage = next((s for s in STAGES if s.train_rule == rule), None)
+    minutes = (epoch_minutes or {}).get(rule) or res.epoch_minutes
+    if stage is None or minutes is None or model_set is None:
+        return cluster.spare_retries
+    return retries_needed(
+        epochs=getattr(model_set, stage.name).train.epochs,
+        epoch_minutes=minutes,
+        runtime=res.runtime,
+        signal_seconds=cluster.signal_seconds,
+        restart_minutes=cluster.restart_minutes,
+        spare=cluster.spare_retries,
+    )
+
+
+def _expected(rule, res, cluster, model_set, epoch_minutes, retries) -> tuple[float, str]:
+    """(expected wall hours of one job, how they were found)."""
+    wall = res.runtime / 60
+    stage = next((s for s in STAGES if s.train_rule == rule), None)
+    if stage is None:
+        return wall, "wall time, no estimate"
+    measured = (epoch_minutes or {}).get(rule)
+    minutes = measured or res.epoch_minutes
+    if minutes is None or model_set is None:
+        return wall, "wall time, no epoch time"
+    epochs = getattr(model_set, stage.name).train.epochs
+    starts = retries - cluster.spare_retries + 1  # the jobs the epochs need
+    run = epochs * minutes + starts * cluster.restart_minutes
+    capped = " (capped by the wall times)" if run > starts * res.runtime else ""
+    source = "measured" if measured else "estimated"
+    basis = f"{epochs} epochs x {minutes:.1f} min {source} + {starts} x {cluster.restart_minutes:g} min start{capped}"
+    return min(run, starts * res.runtime) / 60, basis
+
+
+# --- the bill ----------------------------------------------------------------------------------
+
+
+def rule_bills(
+    config: dict,
+    cluster: Cluster,
+    resources_of: Callable[[str], RuleResources],
+    *,
+    model_set=None,
+    epoch_minutes: dict | None = None,
+) -> tuple[list[RuleBill], list[str]]:
+    """(one bill per resources key, problems: one line each) for the config's rules."""
+    fan_out = rule_jobs(config, model_set)
+    bills, problems = [], []
+    for rule in config["resources"]:
+        jobs, why = fan_out.get(rule, (1, ""))
+        if rule in LOCAL_RULES:
+            bills.append(RuleBill(rule, 0, "a local rule: runs where snakemake runs, not billed"))
+            continue
+        if not jobs:
+            bills.append(RuleBill(rule, 0, why))
+            continue
+        res = resources_of(rule)
+        part = cluster.partitions.get(res.partition)
+        if part is None:
+            continue  # named by the doctor's check_resources
+        try:
+            retries = rule_retries(rule, res, cluster, model_set, epoch_minutes)
+        except ConfigError as err:
+            problems.append(f"resources.{rule}.runtime: {err}")
+            retries = cluster.spare_retries
+        hours, basis = _expected(rule, res, cluster, model_set, epoch_minutes, retries)
+        bill = billing(res, part)
+        bills.append(
+            RuleBill(
+                rule, jobs, why, unit=bill.unit, per_hour=bill.per_hour, formula=bill.formula,
+                expected_hours=hours, basis=basis, attempts=retries + 1, runtime_hours=res.runtime / 60,
+            )
+        )  # fmt: skip
+    return bills, problems
+
+
+def totals(bills: list[RuleBill]) -> dict[str, dict[str, float]]:
+    """{"expected"|"worst": {"GPU-h": x, "core-h": y}}."""
+    out = {"expected": {"GPU-h": 0.0, "core-h": 0.0}, "worst": {"GPU-h": 0.0, "core-h": 0.0}}
+    for bill in bills:
+        if bill.jobs:
+            out["expected"][bill.unit] += bill.expected
+            out["worst"][bill.unit] += bill.worst
+    return out
+
+
+def line(bill: RuleBill) -> str:
+    """One printed line of a rule's bill."""
+    if not bill.jobs:
+        return f"  {bill.rule:<16} 0 jobs ({bill.why})"
+    jobs = f"{bill.jobs} {'job' if bill.jobs == 1 else 'jobs'}"
+    why = f" ({bill.why})" if bill.why else ""
+    return (
+        f"  {bill.rule:<16} {jobs}{why} x {bill.per_hour:g} {bill.unit}/h [{bill.formula}] x "
+        f"{bill.expected_hours:.1f} h ({bill.basis}) = {bill.expected:.1f} {bill.unit} expected; "
+        f"worst {bill.attempts} x {bill.runtime_hours:.1f} h = {bill.worst:.1f} {bill.unit}"
+    )
