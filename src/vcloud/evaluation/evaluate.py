@@ -33,8 +33,8 @@ from vcloud.evaluation.protocols import EVAL_SEED, ReferenceSamples, fixed_sampl
 from vcloud.evaluation.scoring import score, table
 from vcloud.evaluation.uncrtaints import UncrtaintsSamples
 from vcloud.io import atomic_write_json
+from vcloud.pipeline import EVAL_KINDS
 from vcloud.registry import get_stage, require_checkpoints
-from vcloud.train.stages import EVAL_KINDS
 from vcloud.wind.stage_orders import load_wind_orders
 
 log = logging.getLogger(__name__)

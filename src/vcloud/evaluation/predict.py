@@ -16,8 +16,9 @@ from vcloud.config import ModelSetConfig
 from vcloud.evaluation.protocols import EVAL_SEED
 from vcloud.models.autoencoder import Autoencoder
 from vcloud.models.cfdt import CFDT
+from vcloud.pipeline import build_pipeline, cfdt_draft, install_wind_orders
 from vcloud.registry import get_stage
-from vcloud.train.stages import build_pipeline, cfdt_draft, install_wind_orders, load_frozen, load_stage_weights
+from vcloud.weights import load_frozen, load_stage_weights
 
 
 def autoencoder(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):

@@ -19,7 +19,7 @@ from vcloud.config import ModelSetConfig
 from vcloud.data.samples import CloudySamples, stack_sample
 from vcloud.data.shards import ShardReader as StoreReader  # direct, checked shard reads
 from vcloud.evaluation.fixed_protocol import load_fixed_protocol
-from vcloud.train.stages import EVAL_KINDS
+from vcloud.pipeline import EVAL_KINDS
 
 EVAL_SEED = 2024
 

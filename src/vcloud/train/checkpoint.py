@@ -37,10 +37,9 @@ import torch
 from vcloud.errors import BadInputError
 from vcloud.io import atomic_open, provenance
 from vcloud.io import remove_leftover_temps as _remove_temps
+from vcloud.weights import FORMAT_VERSION, load_checkpoint
 
 log = logging.getLogger(__name__)
-
-FORMAT_VERSION = 1
 
 _ALLOWED_LEAVES = (str, int, float, bool, type(None), torch.Tensor, torch.Size, torch.dtype)
 
@@ -59,30 +58,6 @@ def save_checkpoint(path: Path, state: dict) -> None:
     _check_loadable(state, "state")
     with atomic_open(path, "wb") as handle:
         torch.save(state, handle)
-
-
-def load_checkpoint(path: Path, *, mmap: bool = False) -> dict:
-    """Read a checkpoint onto the CPU without pickle; BadInputError (one line) if unusable.
-
-    `mmap=True` maps tensors lazily instead of reading them (cheap when only the meta is needed).
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise BadInputError(f"{path}: checkpoint not found")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except Exception as err:  # truncated zip, foreign pickle, I/O error: all mean "unusable"
-        first = (str(err).strip().splitlines() or [""])[0][:200]
-        raise BadInputError(f"{path}: not a readable checkpoint ({type(err).__name__}: {first})") from None
-    if not isinstance(state, dict) or "format_version" not in state:
-        raise BadInputError(f"{path}: not a vcloud checkpoint (no format_version)")
-    version = state["format_version"]
-    if version != FORMAT_VERSION:
-        raise BadInputError(
-            f"{path}: checkpoint format_version {version!r}, this vcloud reads {FORMAT_VERSION}; "
-            "delete the file to start this stage fresh"
-        )
-    return state
 
 
 def checkpoint_meta(*, stage: int, config_hash: str, resume_key: str | None = None) -> dict:

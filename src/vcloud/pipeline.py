@@ -1,0 +1,177 @@
+"""What a stage predicts with: the stage models composed into predictors, beside the models.
+
+The frozen stage-1 CFDT's draft (`cfdt_draft`, with its wind scan orders), and the refined
+predictor of stages 2 and 3 (`RefinerPipeline`: the frozen draft around the pixel-space
+refiner, built by `build_pipeline` from stage 1's best.pt). Training (train/stages.py),
+evaluation, `vcloud predict` and the viewer import them from here; nothing here imports
+training or evaluation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from vcloud.config import ModelSetConfig
+from vcloud.constants import CLOUD_CLASSES, S2_CHANNELS
+from vcloud.models.cfdt import CFDT
+from vcloud.models.refiner import DiffusionSchedule, Refiner, ddim_sample, refiner_condition
+from vcloud.weights import load_frozen
+from vcloud.wind.scan_orders import WindCache, sector_from_wind
+
+EVAL_KINDS = tuple(CLOUD_CLASSES[1:])  # thin, thick, opaque: the cloud kinds a stage is scored on
+LOSS_FLOOR = 1e-2  # a sample's "no correction" error below this (in unit-std residual) counts as this
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def cfdt_draft(cfdt: nn.Module, batch: dict) -> torch.Tensor:
+    sectors = None
+    if getattr(unwrap(cfdt), "wind", None) is not None:
+        sectors = wind_sectors(batch["wind"], unwrap(cfdt).wind_sectors)
+    return cfdt(batch["x"], batch["days"], batch["target_index"], sectors)  # (B, 13, H, W)
+
+
+def wind_sectors(wind: torch.Tensor, sectors: int) -> torch.Tensor:
+    """(B, 2) wind u, v -> (B,) nearest scan sector, -1 (no reordering) where unknown."""
+    u, v = wind.detach().float().cpu().numpy().T
+    return torch.from_numpy(sector_from_wind(u, v, sectors)).to(wind.device)
+
+
+def install_wind_orders(cfdt: nn.Module, cache: WindCache | None) -> nn.Module:
+    """Give a wind-scanning CFDT its scan orders (read from the cache file on every rank)."""
+    if cfdt.wind is not None:
+        assert cache is not None, "a wind_scan model needs the wind cache"
+        cfdt.set_wind_orders(torch.from_numpy(cache.orders), torch.from_numpy(cache.inverse), grid=cache.grid)
+        cfdt.wind_sectors = cache.sectors
+    return cfdt
+
+
+def observed_target(batch: dict) -> torch.Tensor:
+    """The target date's input S2 as the model sees it (clouded): (B, 13, H, W)."""
+    rows = torch.arange(batch["x"].shape[0], device=batch["x"].device)
+    return batch["x"][rows, batch["target_index"].to(rows.device), S2_CHANNELS]
+
+
+class RefinerPipeline(nn.Module):
+    """The frozen stage-1 CFDT around the trainable pixel-space refiner.
+
+    Only the refiner has gradients, and only the refiner (with its residual scale) is in the
+    state dict: stage 2's checkpoints do not repeat the stage-1 weights they were trained on.
+    """
+
+    def __init__(self, cfdt: nn.Module, refiner: Refiner, *, timesteps: int, schedule: str, ensemble: int = 1):
+        super().__init__()
+        self.cfdt, self.refiner = cfdt, refiner
+        self.schedule = DiffusionSchedule(timesteps, kind=schedule)
+        self.ensemble = ensemble
+
+    def state_dict(self, *args, **kwargs):
+        return self.refiner.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        return self.refiner.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.cfdt.eval()  # the frozen draft model stays in eval mode
+        return self
+
+    @torch.no_grad()
+    def condition(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the frozen CFDT's draft (B, 13, H, W) float32, refiner condition (B, 43, H, W))."""
+        draft = cfdt_draft(self.cfdt, batch).float()
+        cond = refiner_condition(
+            draft, observed_target(batch), batch["target_s1"], batch["target_prob"],
+            spectrum=self.refiner.cloud_spectrum, scale=self.refiner.residual_scale,
+        )  # fmt: skip
+        return draft, cond
+
+    def _scale(self) -> torch.Tensor:
+        return self.refiner.residual_scale.view(1, -1, 1, 1)  # (1, 13, 1, 1)
+
+    def training_levels(self, batch_size: int, device) -> torch.Tensor:
+        """(B,) noise levels to train on: the sampler's levels, or any of the timesteps."""
+        if self.refiner.train_levels == "sampler":
+            levels = torch.tensor(self.schedule.sampling_timesteps(self.refiner.sample_steps), device=device)
+            return levels[torch.randint(0, len(levels), (batch_size,), device=device)]
+        return torch.randint(0, self.schedule.timesteps, (batch_size,), device=device)
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        """x0-prediction loss on the normalised pixel residual between the target and the draft.
+
+        Each sample's mean squared error is divided by its residual's mean square (the error of
+        "no correction"): a sample the draft gets nearly right counts as much as one it gets
+        badly wrong, as each counts alike in mean PSNR; a plain MSE is led by the few samples
+        with the largest residuals (measured: it lost 0.2-1 dB of validation PSNR at 400 steps).
+        """
+        draft, cond = self.condition(batch)
+        r0 = (batch["target"].float() - draft) / self._scale()  # (B, 13, H, W), unit std
+        t = self.training_levels(r0.shape[0], r0.device)
+        r_t = self.schedule.q_sample(r0, t, torch.randn_like(r0))
+        error = (self.refiner(r_t, t, cond).float() - r0).pow(2).mean(dim=(1, 2, 3))  # (B,)
+        baseline = r0.pow(2).mean(dim=(1, 2, 3)).clamp(min=LOSS_FLOOR)  # (B,)
+        return (error / baseline).mean()
+
+    @torch.no_grad()
+    def _refine(
+        self, draft: torch.Tensor, cond: torch.Tensor, *, steps: int, seeds: Sequence[int], draws: int
+    ) -> torch.Tensor:
+        """`draws` DDIM samples of the refined draft per seed, all in one batch: (S x draws, B, 13,
+        H, W) in 0..1, seed-major. Each seed's noise comes from its own generator, drawn as if
+        that seed ran alone (draw-major), so a seed's samples do not depend on the other seeds."""
+        if self.refiner.predicts_zero():
+            # x0 predictions of 0 make DDIM return a zero residual whatever the noise: the
+            # draft itself, bit for bit, without 4 x `draws` passes of the refiner.
+            return draft.clamp(0, 1).expand(len(seeds) * draws, *draft.shape).clone()
+        one = (draws * draft.shape[0], *draft.shape[1:])
+        noise = torch.cat([
+            torch.randn(one, generator=torch.Generator(device=cond.device).manual_seed(int(s)), device=cond.device)
+            for s in seeds
+        ])  # fmt: skip
+        cond = cond.repeat(len(seeds) * draws, 1, 1, 1)  # (S * draws * B, 43, H, W), like the noise
+        residual = ddim_sample(
+            self.refiner, cond, steps=steps, generator=None, shape=tuple(noise.shape), schedule=self.schedule,
+            noise=noise,
+        )  # fmt: skip
+        residual = residual.float().view(len(seeds) * draws, *draft.shape)
+        return (draft + residual * self._scale()).clamp(0, 1)
+
+    @torch.no_grad()
+    def samples(self, batch: dict, *, steps: int, seeds: Sequence[int], with_draft: bool = False):
+        """One few-step DDIM sample per seed, single draws (no ensemble): (S, B, 13, H, W) in 0..1;
+        with_draft: (that, the stage-1 draft (B, 13, H, W)).
+
+        The draft is computed once and every seed runs in the same batch; each seed draws its own
+        initial noise, so the samples differ where the refiner is unsure and agree where it is not
+        (stage 3's confidence).
+        """
+        draft, cond = self.condition(batch)
+        draws = self._refine(draft, cond, steps=steps, seeds=seeds, draws=1)
+        return (draws, draft) if with_draft else draws
+
+    @torch.no_grad()
+    def sample(self, batch: dict, *, steps: int, seed: int, ensemble: int | None = None) -> torch.Tensor:
+        """The refined S2 (B, 13, H, W): the mean of `ensemble` samples (the config's by default)
+        around the frozen CFDT's draft."""
+        return self.draws(batch, steps=steps, seed=seed, ensemble=ensemble).mean(0)
+
+    @torch.no_grad()
+    def draws(self, batch: dict, *, steps: int, seed: int, ensemble: int | None = None) -> torch.Tensor:
+        """The `ensemble` samples whose mean `sample` returns, (ensemble, B, 13, H, W) in 0..1:
+        their spread is the prediction's uncertainty (vcloud predict)."""
+        draft, cond = self.condition(batch)
+        draws = self.ensemble if ensemble is None else ensemble
+        return self._refine(draft, cond, steps=steps, seeds=[seed], draws=draws)
+
+
+def build_pipeline(cfg: ModelSetConfig, *, stage1_ckpt: Path, wind: WindCache | None = None) -> RefinerPipeline:
+    """Stage 1 (frozen) + a fresh refiner (pixel space: stage 0 is not part of it)."""
+    cfdt = install_wind_orders(load_frozen(CFDT(cfg.stage1.model), stage1_ckpt, stage=1), wind)
+    m = cfg.stage2.model
+    return RefinerPipeline(cfdt, Refiner(m), timesteps=m.timesteps, schedule=m.schedule, ensemble=m.ensemble)
