@@ -213,6 +213,10 @@ def check_resources(config: dict, cluster: Cluster, report: Report, overrides: d
                 "standard-g, without its CPU binding and with a longer wait for an empty node; use partition "
                 "standard-g (one task per GCD, GCD-affine CPU masks)"
             )
+        if res.rehearse_warning and res.world_size > 1:
+            report.errors.append(
+                f"{where}.rehearse_warning: the forced warning runs on one GCD only, not {res.world_size} ranks"
+            )
         if res.gpus and res.gpus * res.cpus_per_gpu > 56:
             report.errors.append(
                 f"{where}.cpus_per_gpu: {res.cpus_per_gpu} x {res.gpus} GCDs is "
@@ -393,6 +397,10 @@ def measured_epoch_minutes(config: dict) -> dict[str, float]:
             continue
         if (minutes := from_lines(lines)) is not None:
             found[stage.train_rule] = minutes
+    from vcloud.runtime.rehearsal import rehearsed_epoch_minutes
+
+    for rule, minutes in rehearsed_epoch_minutes(config).items():
+        found.setdefault(rule, minutes)  # the real run's own epochs win once it has some
     return found
 
 
@@ -432,6 +440,11 @@ def preflight(
         report.errors += version_problems()
         report.warnings += version_warnings(repo)
         report.errors += check_image(image=cluster.image, env_image=cluster.env_image, repo=repo)
+        from vcloud.runtime.image import version_stamp
+        from vcloud.runtime.rehearsal import doctor_warning
+
+        if advice := doctor_warning(config, version_stamp(repo)):
+            report.warnings.append(advice)
     try:
         check_resources(config, cluster, report, overrides)
     except ConfigError as err:  # a refused --set-resources
