@@ -43,6 +43,9 @@ def test_every_gpu_rule_runs_on_dev_g_and_the_bill_is_under_one_gpu_hour():
     # Expected: each training job 1 epoch x 4 min + a 3 min start, each evaluation its 6 min, of
     # one GCD, and the 8-GCD transport step for 4 min, at 0.5 GPU-h per GCD-hour.
     assert gpu_hours < 1.0, total
+    # Every job failing and retried to the end (spare_retries 1): 2 attempts of each 1-GCD job.
+    worst = float(total.split("expected, ")[1].split()[0])
+    assert abs(worst - (2 * 0.5 * (4 * 12 + 4 * 6) / 60 + 0.5 * 8 * 4 / 60)) < 0.05, total
     assert abs(gpu_hours - (0.5 * (4 * (4 + 3) + 4 * 6) / 60 + 0.5 * 8 * 4 / 60)) < 0.05, total
     assert config["data"]["rois"] == ["ROIs1970/21", "ROIs2017/22", "ROIs2017/32"]
     assert config["paths"]["results"] == "results-rehearsal"
