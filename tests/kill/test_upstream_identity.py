@@ -37,12 +37,12 @@ def config(tmp_path_factory):
     return path
 
 
-def _stage2(point, n, *, config, store, out, stage1):
+def _stage2(point, n, *, config, store, out, stage1, extra=()):
     """`vcloud train --stage 2` in a child that SIGKILLs itself at `point` (tests/kill/child.py)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]))
     command = [sys.executable, "-m", "tests.kill.child", point, str(n), "0", "--", "--stage", "2",
                "--config", str(config), "--train", str(store), "--val", str(store), "--out", str(out),
-               "--stage1", str(stage1)]  # fmt: skip
+               "--stage1", str(stage1), *extra]  # fmt: skip
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
 
 
@@ -89,3 +89,11 @@ def test_upstream_weights_changed_while_stage2_was_interrupted_start_it_fresh(co
     assert "resuming" not in proc.stderr
     epochs = [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert epochs == [-1, 0, 1]  # trained from the start: the initial validation, then both epochs
+
+    # Finished, same identity: only `vcloud train --fresh` trains it again, keeping the old one aside.
+    proc = _stage2("none", 0, config=config, store=tiny_store, out=out, stage1=stage1_best, extra=["--fresh"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "a fresh start was asked for" in proc.stderr and "stage 2 epoch 1" in proc.stderr
+    finished_aside = ckpt.load_checkpoint(out / f"latest.{new['resume_key'][:8]}.pt")
+    assert finished_aside["finished"] and finished_aside["resume_key"] == new["resume_key"]
+    assert ckpt.load_checkpoint(out / "latest.pt")["finished"]
