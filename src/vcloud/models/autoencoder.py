@@ -7,7 +7,7 @@ from torch import nn
 
 from vcloud.config import AutoencoderConfig
 from vcloud.constants import OUTPUT_CHANNELS
-from vcloud.models.blocks import Downsample, ResBlock, Upsample, norm, output_head
+from vcloud.models.blocks import Downsample, ReplicateConv2d, ResBlock, Upsample, norm, output_head
 
 
 class Autoencoder(nn.Module):
@@ -27,7 +27,7 @@ class Autoencoder(nn.Module):
         self.downsample = 2 ** (len(widths) - 1)
         blocks, mid = cfg.blocks_per_level, cfg.mid_blocks
 
-        enc: list[nn.Module] = [nn.Conv2d(in_channels, widths[0], 3, padding=1)]
+        enc: list[nn.Module] = [ReplicateConv2d(in_channels, widths[0], 3, padding=1)]
         for level, width in enumerate(widths):
             enc += [ResBlock(width) for _ in range(blocks)]
             if level + 1 < len(widths):
@@ -36,11 +36,11 @@ class Autoencoder(nn.Module):
         enc += [
             norm(widths[-1]),
             nn.SiLU(),
-            nn.Conv2d(widths[-1], cfg.latent_channels, 3, padding=1),
+            ReplicateConv2d(widths[-1], cfg.latent_channels, 3, padding=1),
         ]
         self.encoder = nn.Sequential(*enc)
 
-        dec: list[nn.Module] = [nn.Conv2d(cfg.latent_channels, widths[-1], 3, padding=1)]
+        dec: list[nn.Module] = [ReplicateConv2d(cfg.latent_channels, widths[-1], 3, padding=1)]
         dec += [ResBlock(widths[-1]) for _ in range(mid)]
         for level in reversed(range(len(widths))):
             dec += [ResBlock(widths[level]) for _ in range(blocks)]

@@ -44,10 +44,12 @@ from vcloud.constants import CLOUD_CHANNEL, OUTPUT_CHANNELS, SAMPLE_CHANNELS
 from vcloud.models.blocks import (
     Downsample,
     LayerNorm,
+    ReplicateConv2d,
     ResBlock,
     Upsample,
     maybe_checkpoint,
     output_head,
+    replicate_pad,
     sinusoidal_embedding,
 )
 from vcloud.models.grid import token_stride
@@ -69,7 +71,7 @@ class PyramidEncoder(nn.Module):
 
     def __init__(self, in_channels: int, widths: tuple[int, ...], *, blocks_per_level: int) -> None:
         super().__init__()
-        self.stem = nn.Conv2d(in_channels, widths[0], 3, padding=1)
+        self.stem = ReplicateConv2d(in_channels, widths[0], 3, padding=1)
         self.levels = nn.ModuleList()
         for level, width in enumerate(widths):
             layers: list[nn.Module] = [Downsample(widths[level - 1], width)] if level else []
@@ -139,17 +141,18 @@ class ChangeGate(nn.Module):
 
     No normalisation layers: GroupNorm would tie every pixel to whole-image statistics,
     which change with the resolution, and a gate computed at reduced resolution should
-    approximate the full-resolution one where the inputs are smooth. Zero padding, not
-    replicate: replication_pad2d keeps its input for backward, storing each pair twice.
+    approximate the full-resolution one where the inputs are smooth. Edges are padded by
+    repetition like every convolution here (blocks.replicate_pad, which keeps nothing for
+    backward: F.pad's replication_pad2d would keep its input, storing each pair twice).
     """
 
     def __init__(self, in_channels: int, *, width: int, layers: int = 2) -> None:
         super().__init__()
         assert layers >= 1, f"gate needs at least one hidden layer, got {layers}"
-        self.embed = nn.Sequential(nn.Conv2d(in_channels, width, 3, padding=1), nn.SiLU())
+        self.embed = nn.Sequential(ReplicateConv2d(in_channels, width, 3, padding=1), nn.SiLU())
         cnn: list[nn.Module] = []
         for layer in range(layers):
-            cnn += [nn.Conv2d(2 * width if layer == 0 else width, width, 3, padding=1), nn.SiLU()]
+            cnn += [ReplicateConv2d(2 * width if layer == 0 else width, width, 3, padding=1), nn.SiLU()]
         cnn.append(nn.Conv2d(width, 1, 1))
         self.pair_cnn = nn.Sequential(*cnn)
 
@@ -165,7 +168,7 @@ class ChangeGate(nn.Module):
         g = features.shape[1]
         weight = torch.cat([conv.weight[:, :g], conv.weight[:, g:]])  # (2W, G, k, k)
         bias = torch.cat([conv.bias, torch.zeros_like(conv.bias)])
-        return F.conv2d(features, weight, bias, padding=conv.padding)
+        return F.conv2d(replicate_pad(features, conv.padding), weight, bias)  # padded as the conv pads
 
     def pair_scores(self, halves: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
         # halves (B*T, 2W, h, w) from pair_halves; first, second (P,) rows -> (P, 1, h, w)

@@ -37,7 +37,7 @@ from torch import nn
 
 from vcloud.config import RefinerConfig
 from vcloud.constants import OUTPUT_CHANNELS, S1_BANDS
-from vcloud.models.blocks import Downsample, ResBlock, Upsample, output_head, sinusoidal_embedding
+from vcloud.models.blocks import Downsample, ReplicateConv2d, ResBlock, Upsample, output_head, sinusoidal_embedding
 
 S2_BANDS = OUTPUT_CHANNELS  # what diffuses: the S2 residual, (B, 13, H, W)
 # draft, observed target date, its S1 VV/VH, cloud probability, the unmixed residual, the opacity
@@ -123,7 +123,7 @@ class Refiner(nn.Module):
         self.register_buffer("cloud_spectrum", torch.full((channels,), 0.5))  # fitted before training
         emb = 4 * widths[0]
         self.time_mlp = nn.Sequential(nn.Linear(widths[0], emb), nn.SiLU(), nn.Linear(emb, emb))
-        self.stem = nn.Conv2d((channels + cond_channels) * cfg.patch**2, widths[0], 3, padding=1)
+        self.stem = ReplicateConv2d((channels + cond_channels) * cfg.patch**2, widths[0], 3, padding=1)
 
         self.down = nn.ModuleList()
         self.downsamplers = nn.ModuleList()

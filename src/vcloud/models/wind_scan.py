@@ -17,7 +17,8 @@ class SequenceMixer(nn.Module):
     """Residual mixing along the sequence: x + MLP(depthwise conv1d(LayerNorm(x))).
 
     The conv is centred (not causal): each token sees kernel_size // 2 neighbours upwind
-    and downwind along the scan.
+    and downwind along the scan. Its ends repeat the first and last token rather than zeros,
+    so the upwind and downwind edges of the patch are not special (docs/patch-edges.md).
     """
 
     def __init__(self, dim: int, *, kernel_size: int = 7, mlp_ratio: float = 2.0) -> None:
@@ -25,7 +26,7 @@ class SequenceMixer(nn.Module):
         assert kernel_size % 2 == 1, f"kernel_size must be odd, got {kernel_size}"
         hidden = max(1, int(dim * mlp_ratio))
         self.norm = nn.LayerNorm(dim)
-        self.conv = nn.Conv1d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim)
+        self.conv = nn.Conv1d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim, padding_mode="replicate")
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
 
     def forward(self, seq: torch.Tensor) -> torch.Tensor:  # (B, N, C) -> (B, N, C)
