@@ -62,10 +62,16 @@ def build_env_image(folder: Path) -> Path:
     env = folder / "env-build"
     venv_bin = env / "venv" / "bin"
     venv_bin.mkdir(parents=True)
-    (venv_bin / "python3").symlink_to(sys.executable)
+    # Wrappers, not symlinks: this interpreter must start under its own path to find its
+    # environment (a venv's pyvenv.cfg sits beside the path it is started by).
+    python = venv_bin / "python3"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
     script = venv_bin / "vcloud"
-    script.write_text("#!/user-software/venv/bin/python3\nimport sys\nfrom vcloud.cli import main\nsys.exit(main())\n")
-    script.chmod(0o755)
+    script.write_text(
+        f"#!/bin/sh\nexec {sys.executable} -c 'import sys; from vcloud.cli import main; sys.exit(main())' \"$@\"\n"
+    )
+    for path in (python, script):
+        path.chmod(0o755)
     (env / STAMP).write_text(version_stamp(REPO) + "\n")
     subprocess.run(["mksquashfs", str(env), str(out), "-noappend", "-quiet", "-no-xattrs"], check=True)
     return out
