@@ -73,7 +73,8 @@ def test_gpu_rule_resources_on_lumi(lumi_config, cluster):
     assert out["mpi"] == "srun" and out["slurm_extra"] == f"--signal=USR1@{cluster.signal_seconds}"
     assert "tasks_per_gpu" not in out and "tasks" not in out
     cpu = slurm_resources(RuleResources.from_config(lumi_config, "prepare_roi"), cluster)
-    assert cpu["slurm_partition"] == "small" and cpu["cpus_per_task"] == 4 and "gpu" not in cpu
+    threads = lumi_config["resources"]["prepare_roi"]["threads"]
+    assert cpu["slurm_partition"] == "small" and cpu["cpus_per_task"] == threads and "gpu" not in cpu
 
 
 def test_multinode_resources_ask_for_every_gcd(lumi_config, cluster):
