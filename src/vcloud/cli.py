@@ -171,13 +171,18 @@ def _warned(signum, frame) -> None:
     )
 
 
-def _cmd_evaluate(args: argparse.Namespace) -> None:
+def _start_unresumable(args: argparse.Namespace) -> None:
+    """Evaluate and predict: the GPU rules' wall-time warning (sbatch --signal=USR1@S) would
+    kill them by default, S seconds before they had to stop; they keep going (predict's
+    resubmitted job resumes from its manifest). Then the runtime environment, before torch."""
     import signal
 
-    # The GPU rules' wall-time warning (sbatch --signal=USR1@S) would kill an evaluation by
-    # default, S seconds before it had to stop; it has nothing to save, so it keeps going.
     signal.signal(signal.SIGUSR1, _warned)
     _apply_env(args)
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> None:
+    _start_unresumable(args)
     from vcloud.evaluation.evaluate import evaluate
 
     evaluate(
@@ -203,11 +208,8 @@ def _cmd_fixed_protocol(args: argparse.Namespace) -> None:
 
 def _cmd_predict(args: argparse.Namespace) -> None:
     import shlex
-    import signal
 
-    # Like evaluate: the wall-time warning must not kill it early; a resubmitted job resumes.
-    signal.signal(signal.SIGUSR1, _warned)
-    _apply_env(args)
+    _start_unresumable(args)
     from vcloud.apply.run import predict
 
     predict(
@@ -282,9 +284,10 @@ def _cmd_rccl_check(args: argparse.Namespace) -> None:
 
 def _cmd_rehearsal_summary(args: argparse.Namespace) -> None:
     from vcloud.runtime import rehearsal
+    from vcloud.runtime.image import MOUNT, STAMP
 
     stamp = None
-    stamp_file = Path("/user-software/vcloud-version")  # the environment image, inside the container
+    stamp_file = Path(MOUNT) / STAMP  # the environment image, read inside the container
     if stamp_file.is_file():
         stamp = stamp_file.read_text().strip()
     locations = 0
