@@ -181,21 +181,42 @@ def _start_unresumable(args: argparse.Namespace) -> None:
     _apply_env(args)
 
 
+def _model(args: argparse.Namespace, command: str, *, needs_stage: bool = True):
+    """--bundle, or --config/--stage<n>/--wind-cache: apply.bundle.model_inputs (a `with` block)."""
+    from vcloud.apply.bundle import model_inputs
+
+    return model_inputs(
+        bundle=args.bundle, store=args.store, stage=getattr(args, "stage", None), config=args.config,
+        checkpoints=_checkpoints(args), wind_cache=args.wind_cache, command=command, needs_stage=needs_stage,
+    )  # fmt: skip
+
+
+def _add_bundle_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--bundle",
+        type=Path,
+        metavar="FILE.tar",
+        help="a `vcloud bundle` file: its config, checkpoints and wind cache instead of --config, --stage<n> and "
+        "--wind-cache; refused in one line when it is damaged or does not fit --store (docs/predict.md)",
+    )
+
+
 def _cmd_evaluate(args: argparse.Namespace) -> None:
     _start_unresumable(args)
     from vcloud.evaluation.evaluate import evaluate
 
-    evaluate(
-        stage=args.stage,
-        store=args.store,
-        out=args.out,
-        checkpoints=_checkpoints(args),
-        config_path=args.config,
-        wind_cache=args.wind_cache,
-        samples=args.samples,
-        uncrtaints_pairs=args.uncrtaints_pairs,
-        fixed_protocol=args.fixed_protocol,
-    )
+    with _model(args, "vcloud evaluate") as model:
+        evaluate(
+            stage=model.stage,
+            store=args.store,
+            out=args.out,
+            checkpoints=model.checkpoints,
+            config_path=model.config,
+            wind_cache=model.wind_cache,
+            samples=args.samples,
+            uncrtaints_pairs=args.uncrtaints_pairs,
+            fixed_protocol=args.fixed_protocol,
+        )
 
 
 def _cmd_fixed_protocol(args: argparse.Namespace) -> None:
@@ -212,21 +233,41 @@ def _cmd_predict(args: argparse.Namespace) -> None:
     _start_unresumable(args)
     from vcloud.apply.run import predict
 
-    predict(
-        store=args.store,
+    with _model(args, "vcloud predict") as model:
+        predict(
+            store=args.store,
+            out=args.out,
+            stage=model.stage,
+            checkpoints=model.checkpoints,
+            config_path=model.config,
+            wind_cache=model.wind_cache,
+            dates=args.dates,
+            min_cover=args.min_cover,
+            draws=args.draws,
+            batch_size=args.batch_size,
+            device=args.device,
+            clear_pixels=args.clear_pixels,
+            command=shlex.join(["vcloud", *sys.argv[1:]]),
+            bundle=model.bundle,
+        )
+
+
+def _cmd_bundle(args: argparse.Namespace) -> None:
+    import shlex
+
+    from vcloud.apply.bundle import write_bundle
+
+    manifest = write_bundle(
         out=args.out,
-        stage=args.stage,
+        stages=sorted(set(args.stage)),
         checkpoints=_checkpoints(args),
         config_path=args.config,
+        train_store=args.train_store,
         wind_cache=args.wind_cache,
-        dates=args.dates,
-        min_cover=args.min_cover,
-        draws=args.draws,
-        batch_size=args.batch_size,
-        device=args.device,
-        clear_pixels=args.clear_pixels,
+        eval_reports=args.eval or [],
         command=shlex.join(["vcloud", *sys.argv[1:]]),
     )
+    print(f"{args.out}: {len(manifest['members']) + 1} members, each with its SHA-256 in vcloud-bundle.json")
 
 
 def _cmd_uncrtaints_convert(args: argparse.Namespace) -> None:
@@ -332,16 +373,17 @@ def _cmd_doctor(args: argparse.Namespace) -> None:
 def _cmd_export_viewer(args: argparse.Namespace) -> None:
     from vcloud.export.viewer import export_viewer
 
-    export_viewer(
-        store=args.store,
-        checkpoints=_checkpoints(args),
-        config_path=args.config,
-        out=args.out,
-        samples=args.samples,
-        seed=args.seed,
-        wind_cache=args.wind_cache,
-        fixed_protocol=args.fixed_protocol,
-    )
+    with _model(args, "vcloud export-viewer", needs_stage=False) as model:
+        export_viewer(
+            store=args.store,
+            checkpoints=model.checkpoints,
+            config_path=model.config,
+            out=args.out,
+            samples=args.samples,
+            seed=args.seed,
+            wind_cache=model.wind_cache,
+            fixed_protocol=args.fixed_protocol,
+        )
 
 
 def _cmd_plot_curves(args: argparse.Namespace) -> None:
@@ -480,11 +522,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("evaluate", help="a stage's metrics on a prepared store, next to baselines")
-    p.add_argument("--stage", type=int, choices=STAGE_NUMBERS, required=True)
+    p.add_argument("--stage", type=int, choices=STAGE_NUMBERS, help="required unless --bundle (default: its stage)")
     p.add_argument("--store", type=Path, required=True, help="any prepared store (e.g. the test split)")
     p.add_argument("--out", type=Path, required=True, help="FILE.json to write")
     _add_checkpoint_flags(p, STAGE_NUMBERS, "the ones the stage's predictor needs")
-    p.add_argument("--config", type=Path, required=True, help="config/models/*.yaml the stages used")
+    p.add_argument("--config", type=Path, help="config/models/*.yaml the stages used (required unless --bundle)")
+    _add_bundle_flag(p)
     p.add_argument("--wind-cache", type=Path, help="wind-scanner cache (when stage1.model.wind_scan)")
     p.add_argument("--samples", type=int, help="fixed-protocol samples (default: one per clear date)")
     p.add_argument(
@@ -506,14 +549,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_uncrtaints_convert)
 
     p = sub.add_parser("predict", help="reconstruct cloudy dates of a prepared store as Cloud-Optimized GeoTIFFs")
-    p.add_argument("--stage", type=int, choices=(1, 2, 3), required=True, help="the stage whose predictor is used")
+    p.add_argument("--stage", type=int, choices=(1, 2, 3),
+                   help="the stage whose predictor is used (required unless --bundle; default: the bundle's)")  # fmt: skip
     p.add_argument("--store", type=Path, required=True, help="any prepared store: a split or one ROI's")
     p.add_argument(
         "--out", type=Path, required=True, help="folder: GeoTIFFs, mosaics/, manifest.json (docs/predict.md)"
     )
     _add_checkpoint_flags(p, STAGE_NUMBERS, "the ones the stage's predictor needs")
-    p.add_argument("--config", type=Path, required=True, help="config/models/*.yaml the stages used")
+    p.add_argument("--config", type=Path, help="config/models/*.yaml the stages used (required unless --bundle)")
     p.add_argument("--wind-cache", type=Path, help="wind-scanner cache (when stage1.model.wind_scan)")
+    _add_bundle_flag(p)
     p.add_argument("--dates", nargs="+", metavar="YYYY-MM-DD", help="dates to reconstruct (default: the cloudy ones)")
     p.add_argument("--min-cover", type=float, default=0.05, help="default dates: cloud cover above this (0.05)")
     p.add_argument("--draws", type=int, help="stages 2-3: diffusion draws averaged (default: stage2.model.ensemble); "
@@ -524,6 +569,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pixels the cloud mask calls clear: the observed reflectance (default) or the model's")  # fmt: skip
     _add_env_flag(p)
     p.set_defaults(func=_cmd_predict)
+
+    p = sub.add_parser("bundle", help="pack a trained model (weights, config, wind cache, model card) into one tar")
+    p.add_argument("--stage", type=int, choices=STAGE_NUMBERS, action="append", required=True,
+                   help="a stage to predict with; its predictor's checkpoints are packed (repeatable)")  # fmt: skip
+    _add_checkpoint_flags(p, STAGE_NUMBERS, "the ones the stages' predictors need")
+    p.add_argument("--config", type=Path, required=True, help="config/models/*.yaml the stages used")
+    p.add_argument("--wind-cache", type=Path, help="wind-scanner cache (packed when stage1.model.wind_scan)")
+    p.add_argument("--train-store", type=Path, required=True,
+                   help="the training split store: the card's patch size, normalisation and training data")  # fmt: skip
+    p.add_argument("--eval", type=Path, nargs="+", metavar="REPORT",
+                   help="results/eval/stage<n>.json of bundled stages: their figures go into the card")  # fmt: skip
+    p.add_argument("--out", type=Path, required=True, help="FILE.tar to write (atomically)")
+    p.set_defaults(func=_cmd_bundle)
 
     p = sub.add_parser("memory", help="memory estimate per component of the stage-1 model")
     p.add_argument("--config", type=Path, required=True, help="config/models/*.yaml")
@@ -572,7 +630,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export-viewer", help="quicklooks of test samples and an offline index.html")
     p.add_argument("--store", type=Path, required=True, help="prepared store (e.g. the test split)")
     _add_checkpoint_flags(p, STAGE_NUMBERS, "the shown stages 1-3 read every stage's")
-    p.add_argument("--config", type=Path, required=True, help="config/models/*.yaml the stages used")
+    p.add_argument("--config", type=Path, help="config/models/*.yaml the stages used (required unless --bundle)")
+    _add_bundle_flag(p)
     p.add_argument("--out", type=Path, required=True, help="viewer folder: index.html, images/, thumbnails.png")
     p.add_argument("--samples", type=int, default=12, help="samples to show (of the evaluation's fixed protocol)")
     p.add_argument("--seed", type=int, default=0, help="which samples are shown")

@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def tiny_checkpoints(folder: Path) -> dict:
-    """{"config": models.yaml, 1: stage-1 best.pt, 2: stage-2 best.pt} under `folder`."""
+def tiny_checkpoints(folder: Path, *, wind: bool = False) -> dict:
+    """{"config": models.yaml, 1: stage-1 best.pt, 2: stage-2 best.pt} under `folder`; with
+    `wind`, a wind-scanning stage 1 and "wind": its scan-order cache for 32 px stores."""
     import torch
     import yaml
 
@@ -23,7 +24,7 @@ def tiny_checkpoints(folder: Path) -> dict:
 
     folder.mkdir(parents=True, exist_ok=True)
     models = yaml.safe_load((ROOT / "tests/workflow/tiny_models.yaml").read_text())
-    models["stage1"]["model"]["wind_scan"] = False
+    models["stage1"]["model"]["wind_scan"] = wind
     config = folder / "models.yaml"
     config.write_text(yaml.safe_dump(models))
     cfg = load_model_config(config)
@@ -34,7 +35,13 @@ def tiny_checkpoints(folder: Path) -> dict:
     with torch.no_grad():
         refiner.head[-1].weight.normal_(0.0, 0.05)
     save_checkpoint(stage2, {**checkpoint_meta(stage=2, config_hash="t"), "model": refiner.state_dict()})
-    return {"config": config, 1: stage1, 2: stage2}
+    found = {"config": config, 1: stage1, 2: stage2}
+    if wind:
+        from vcloud.wind.scan_orders import write_cache
+
+        found["wind"] = folder / "scan_orders.npz"  # 32 px / 2**3 (four CFDT levels) = 4 tokens a side
+        write_cache(found["wind"], grid_h=4, grid_w=4, sectors=cfg.stage1.model.wind_sectors)
+    return found
 
 
 def predict_args(store: Path, out: Path, ckpt: dict, *extra: str) -> list[str]:

@@ -71,9 +71,12 @@ def checksum(path: Path, what: str) -> str:
 def predict(*, store: Path, out: Path, stage: int, checkpoints: dict[int, Path], config_path: Path,
             wind_cache: Path | None = None, dates: list[str] | None = None, min_cover: float = CLEAR_MAX_COVER,
             draws: int | None = None, batch_size: int = 8, device: str | None = None,
-            clear_pixels: str = "observed", command: str = "vcloud predict", timings: dict | None = None) -> dict:  # fmt: skip
+            clear_pixels: str = "observed", command: str = "vcloud predict", timings: dict | None = None,
+            bundle: dict | None = None) -> dict:  # fmt: skip
     """Reconstruct the planned dates of `store` with stage `stage` into `out`; returns the manifest.
-    `timings` (bench): filled with seconds spent reading, in the model and writing."""
+    `timings` (bench): filled with seconds spent reading, in the model and writing. `bundle`: the
+    {path, sha256} of the bundle the config and checkpoints came from (recorded, not part of the
+    request: a bundle's members give the same outputs as the same files given one by one)."""
     from vcloud.config import load_model_config
     from vcloud.config.model_sets import config_to_dict
     from vcloud.evaluation.predict import build_predictor
@@ -119,7 +122,7 @@ def predict(*, store: Path, out: Path, stage: int, checkpoints: dict[int, Path],
     finished = {job.name for job in jobs if is_finished(previous.get(job.name), out, rid)}
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "producer": provenance(), "command": command,
-        "store": str(store), "config": str(config_path),
+        "store": str(store), "bundle": bundle, "config": str(config_path),
         "checkpoints": {str(n): {"path": str(p), "sha256": weights[str(n)]} for n, p in needed.items()},
         "wind_cache": None if wind_sha is None else {"path": str(wind_cache), "sha256": wind_sha},
         "request": request, "request_id": rid,
