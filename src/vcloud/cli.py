@@ -52,16 +52,19 @@ def _cmd_index(args: argparse.Namespace) -> None:
 
 
 def _cmd_prepare(args: argparse.Namespace) -> None:
+    from vcloud.constants import N_TIMES
     from vcloud.data.clouds import CloudThresholds
+    from vcloud.data.folder import folder_times
     from vcloud.data.layout import parse_roi
     from vcloud.data.prepare import prepare_roi
 
+    times = args.times or folder_times(args.raw) or N_TIMES  # a plain folder: its dates
     prepare_roi(
         raw=args.raw,
         roi=parse_roi(args.roi),
         out=args.out,
         on_bad_image=args.on_bad_image,
-        times=args.times,
+        times=times,
         size=args.size,
         thresholds=CloudThresholds(
             clear_max_cover=args.clear_max_cover,
@@ -400,6 +403,14 @@ def _cmd_report_tables(args: argparse.Namespace) -> None:
     evaluation_tables(args.reports, args.out, markdown=args.markdown)
 
 
+def _cmd_compare_stages(args: argparse.Namespace) -> None:
+    from vcloud.evaluation.compare import markdown, write_comparison
+    from vcloud.registry import VIEWER_STAGES
+
+    comparison = write_comparison(args.reports, args.out, stages=VIEWER_STAGES, markdown_out=args.markdown)
+    print(markdown(comparison), end="")
+
+
 def _cmd_accounting(args: argparse.Namespace) -> None:
     import json
 
@@ -452,15 +463,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         action="append",
         required=True,
-        help="folder of downloaded archives, one archive, or an extracted tree (repeatable: "
-        "the train and val/test roots)",
+        help="folder of downloaded archives, one archive, an extracted tree (repeatable: the train and val/test "
+        "roots), or a plain folder of your own dated GeoTIFFs: S2/<anything>_YYYYMMDD.tif [S1/...] (docs/predict.md)",
     )
     p.add_argument("--threads", type=int, default=1, help="locations prepared in parallel (one core each)")
     p.add_argument("--index-dir", type=Path, help="folder of the archives' indexes (default: beside each archive)")
-    p.add_argument("--roi", required=True, help="ROIsXXXX/NNN")
+    p.add_argument("--roi", required=True, help="ROIsXXXX/NNN (a plain folder: any such name, kept in the store)")
     p.add_argument("--out", type=Path, required=True, help="FILE.zarr to write")
     p.add_argument("--on-bad-image", choices=("fail", "skip"), default="fail")
-    p.add_argument("--times", type=int, default=N_TIMES, help="expected dates per location")
+    p.add_argument(
+        "--times", type=int, help=f"expected dates per location (default {N_TIMES}; a plain folder: its dates)"
+    )
     p.add_argument("--size", type=int, default=PATCH_SIZE, help="expected pixels per side")
     p.add_argument("--wind", type=Path, help="optional wind: CSV rois,roi,date,u,v, or an ERA5 u10/v10 grid")
     defaults = CloudThresholds()
@@ -656,6 +669,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--markdown", type=Path, help="also write the tables as Markdown (FILE.md)")
     p.add_argument("reports", type=Path, nargs="+", help="results/eval/stage<n>.json")
     p.set_defaults(func=_cmd_report_tables)
+
+    p = sub.add_parser("compare-stages", help="each stage against the one before it, per protocol (paired PSNR)")
+    p.add_argument("--out", type=Path, required=True, help="FILE.json to write (results/eval/stages.json)")
+    p.add_argument("--markdown", type=Path, help="also write the table as Markdown (FILE.md)")
+    p.add_argument("reports", type=Path, nargs="+", help="results/eval/stage<n>.json of the same store")
+    p.set_defaults(func=_cmd_compare_stages)
 
     p = sub.add_parser("accounting", help="wall, CPU and GPU hours per rule and stage from benchmark files")
     p.add_argument("--benchmarks", type=Path, required=True, help="benchmarks folder (<rule>/*.tsv)")

@@ -433,12 +433,21 @@ def resolve_sources(raws: list[Path], roi: RoiId, *, index_dir: Path | None = No
     """kind -> the one source that holds that kind of `roi`, over every raw path given.
 
     A raw path is a folder of downloaded archives, one archive, or an extracted tree (e.g. the
-    reference code's two roots: train, and val/test). A kind found in two places is an error:
+    reference code's two roots: train, and val/test), or a plain folder of dated GeoTIFFs
+    (data/folder.py), read as whichever ROI is asked for. A kind found in two places is an error:
     which copy is meant cannot be guessed.
     """
+    from vcloud.data.folder import FolderSource, is_plain_folder
+
     found: dict[str, list] = {kind: [] for kind in KINDS}
     for raw in raws:
         raw = Path(raw)
+        if is_plain_folder(raw):  # your own series: S2/, S1/ of dated files (data/folder.py)
+            folder = FolderSource(raw)
+            for kind in KINDS:
+                if folder.has(roi, kind):
+                    found[kind].append(folder)
+            continue
         kind_of_path = classify(raw)
         if kind_of_path == "tree":
             tree = TreeSource(raw)

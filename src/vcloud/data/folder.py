@@ -1,0 +1,148 @@
+"""A plain folder of dated GeoTIFFs (your own series) as a raw source of `vcloud prepare`.
+
+    <folder>/S2/<anything>_YYYYMMDD.tif    13 bands, uint16, L1C reflectance x 10000, B1..B12 order
+    <folder>/S1/<anything>_YYYYMMDD.tif    optional: 2 bands, float32 backscatter dB, VV then VH
+
+is one location; several locations (tiles of one area, each the same size) are one folder each:
+
+    <folder>/<tile>/S2/..., <folder>/<tile>/S1/...     tiles in name order are patches 0, 1, ...
+
+The date is the end of the file name: YYYYMMDD or YYYY-MM-DD right before `.tif` / `.tiff`
+(`S2/20180311.tif`, `S2/mytile_2018-03-11.tif`). Each S2 date is one time index, in date order;
+a tile's dates need not be another tile's. Each S2 date is paired with the S1 image nearest in
+time within S1_MAX_DAYS (ties: the earlier); an S2 date with none is a date without S1, and an S1
+image no S2 date takes is not read (logged).
+
+The source answers the four questions every raw source answers (layout.TreeSource), under the
+dataset's own names: `vcloud prepare` reads the folder as it reads the dataset (layout.scan_roi),
+and the store records the ROI name given with --roi. Problems name the real files.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+from pathlib import Path
+
+from vcloud.data.layout import RawName, RoiId
+from vcloud.errors import BadInputError
+
+log = logging.getLogger(__name__)
+
+S1_MAX_DAYS = 6  # one Sentinel-1 satellite's repeat is 12 days: every S2 date has one within 6
+_DATE_RE = re.compile(r"(?:^|[^0-9])(\d{4})-?(\d{2})-?(\d{2})\.tiff?$", re.IGNORECASE)
+NAMING = "<anything>_YYYYMMDD.tif or <anything>_YYYY-MM-DD.tif"
+
+
+def is_plain_folder(path: Path) -> bool:
+    """A folder with S2/ (one location) or <tile>/S2/ folders, and none of the dataset's ROIsNNNN."""
+    path = Path(path)
+    if not path.is_dir() or any(path.glob("ROIs[0-9][0-9][0-9][0-9]")):
+        return False
+    return (path / "S2").is_dir() or any((child / "S2").is_dir() for child in path.iterdir() if child.is_dir())
+
+
+def file_date(path: Path) -> dt.date:
+    match = _DATE_RE.search(Path(path).name)
+    if not match:
+        raise BadInputError(f"{path}: no date at the end of the file name (expected {NAMING})")
+    try:
+        return dt.date(*(int(v) for v in match.groups()))
+    except ValueError:
+        raise BadInputError(f"{path}: {''.join(match.groups())} in the file name is not a calendar date") from None
+
+
+def _dated(folder: Path) -> list[tuple[dt.date, Path]]:
+    """(date, file) of the GeoTIFFs in `folder`, by date; one line naming a second file of a date."""
+    if not folder.is_dir():
+        return []
+    found: dict[dt.date, Path] = {}
+    for path in sorted(folder.iterdir()):
+        if not path.is_file() or path.suffix.lower() not in (".tif", ".tiff"):
+            continue  # .aux.xml, notes: not images
+        date = file_date(path)
+        if date in found:
+            raise BadInputError(f"{path}: a second image of {date} (first: {found[date].name})")
+        found[date] = path
+    return sorted(found.items())
+
+
+def _pair(s2: list, s1: list, folder: Path) -> dict[int, tuple[dt.date, Path]]:
+    """time index -> (S1 date, file): the S1 image nearest each S2 date, within S1_MAX_DAYS."""
+    pairs = {}
+    for t, (date, _) in enumerate(s2):
+        near = [(abs((d - date).days), d, p) for d, p in s1 if abs((d - date).days) <= S1_MAX_DAYS]
+        if near:
+            _, d, p = min(near)
+            pairs[t] = (d, p)
+    unused = sorted({p.name for _, p in s1} - {p.name for _, p in pairs.values()})
+    if unused:
+        log.info("%s: %d S1 images more than %d days from every S2 date, not read: %s", folder / "S1", len(unused),
+                 S1_MAX_DAYS, ", ".join(unused))  # fmt: skip
+    return pairs
+
+
+class FolderSource:
+    """A plain folder read as one ROI: patch = tile, t = S2 date index (module docstring)."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        if (self.root / "S2").is_dir():
+            tiles = [self.root]
+        else:
+            tiles = sorted(child for child in self.root.iterdir() if (child / "S2").is_dir())
+        self.tiles = tiles
+        self.files: dict[tuple[str, int, int], tuple[dt.date, Path]] = {}  # (kind, patch, t) -> (date, file)
+        self.times = 0
+        for patch, tile in enumerate(tiles):
+            s2 = _dated(tile / "S2")
+            if not s2:
+                raise BadInputError(f"{tile / 'S2'}: no GeoTIFF ({NAMING})")
+            for t, item in enumerate(s2):
+                self.files[("s2", patch, t)] = item
+            for t, item in _pair(s2, _dated(tile / "S1"), tile).items():
+                self.files[("s1", patch, t)] = item
+            self.times = max(self.times, len(s2))
+        if len(tiles) > 1:
+            log.info("%s: tiles as patches: %s", self.root, ", ".join(f"{t.name}=p{i}" for i, t in enumerate(tiles)))
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    def has(self, roi: RoiId, kind: str) -> bool:
+        return kind == "s2" or any(key[0] == kind for key in self.files)
+
+    def _name(self, roi: RoiId, kind: str, patch: int, t: int) -> RawName:
+        return RawName(kind=kind, rois=roi.rois, roi=roi.roi, t=t, date=self.files[(kind, patch, t)][0], patch=patch)
+
+    def list_folder(self, roi: RoiId, kind: str, t: int) -> list[tuple[str, bool]] | None:
+        """The images of date index `t` under the dataset's names; [] when no tile has one."""
+        if t >= self.times:
+            return None
+        return [(self._name(roi, kind, patch, t).filename, False) for patch in range(len(self.tiles))
+                if (kind, patch, t) in self.files]  # fmt: skip
+
+    def _file(self, kind: str, patch: int, t: int) -> Path:
+        return self.files[(kind, patch, t)][1]
+
+    def where(self, roi: RoiId, kind: str, t: int, filename: str = "") -> str:
+        if filename:
+            try:
+                from vcloud.data.layout import parse_name
+
+                name = parse_name(filename)
+                return str(self._file(kind, name.patch, t))
+            except (ValueError, KeyError):
+                pass
+        return f"{self.root} ({kind.upper()} of date index {t})"
+
+    def open(self, name: RawName) -> Path:
+        """What read_image reads: the real file."""
+        return self._file(name.kind, name.patch, name.t)
+
+
+def folder_times(raws: list[Path]) -> int | None:
+    """The date count of the plain folders among `raws` (the most any tile has); None if none is one."""
+    counts = [FolderSource(raw).times for raw in raws if is_plain_folder(raw)]
+    return max(counts) if counts else None
