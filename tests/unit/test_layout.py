@@ -101,6 +101,17 @@ def test_scan_reports_partner_missing_and_bad_names(tiny_raw):
     assert (partner.kind, partner.patch, partner.t) == ("s2", 0, 1)
 
 
+def test_scan_keeps_s2_without_s1_and_absent_dates_as_data(tiny_raw):
+    import shutil
+
+    next((tiny_raw / "ROIs1868/119/S1/1").glob("*_patch_0.tif")).unlink()
+    for kind in ("S1", "S2"):
+        shutil.rmtree(tiny_raw / f"ROIs1868/119/{kind}/3")
+    scan = scan_roi(tiny_raw, RoiId("ROIs1868", 119), times=TINY["times"] + 1)
+    assert scan.problems == []
+    assert scan.s1_missing == [(0, 1)] and scan.absent == [3, 4] and scan.beyond == []
+
+
 def test_scan_reports_a_file_in_the_wrong_folder(tiny_raw):
     src = next((tiny_raw / "ROIs1868/119/S2/1").glob("*_patch_0.tif"))
     src.rename(tiny_raw / "ROIs1868/119/S2/3" / src.name)

@@ -139,11 +139,6 @@ def _all_nan(raw):
     return path, "every pixel is NaN"
 
 
-def _s2_without_s1(raw):
-    _s1_file(raw).unlink()
-    return raw / "ROIs1868/119/S1/1", "S1 partner missing"
-
-
 def _s1_without_s2(raw):
     _s2_file(raw).unlink()
     return raw / "ROIs1868/119/S2/1", "S2 partner missing"
@@ -163,7 +158,7 @@ def _bad_name(raw):
 
 BAD_INPUTS = [
     _truncate, _not_tiff, _band_count, _size, _dtype, _inf, _all_nan,
-    _s2_without_s1, _s1_without_s2, _missing_time_folder, _bad_name,
+    _s1_without_s2, _missing_time_folder, _bad_name,
 ]  # fmt: skip
 
 
@@ -241,3 +236,66 @@ def test_tiff_written_by_another_tool_without_georef_is_accepted(tiny_raw, tmp_p
     tifffile.imwrite(path, data, planarconfig="separate", photometric="minisblack")
     _prepare(tiny_raw, tmp_path / "o.zarr")
     assert open_store(tmp_path / "o.zarr")["valid_s2"].values[0, 0]
+
+
+@pytest.mark.parametrize("policy", ["fail", "skip"])
+def test_a_date_without_s1_is_data_kept_counted_and_named(tiny_raw, tmp_path, caplog, policy):
+    """No S1 file (patch 0, t=1) and no S1 time folder (t=2): S2 kept, valid_s1 False, not a bad file."""
+    _s1_file(tiny_raw, 0, 1).unlink()
+    shutil.rmtree(tiny_raw / "ROIs1868/119/S1/2")
+    out = tmp_path / "ROIs1868_119.zarr"
+    with caplog.at_level("INFO", logger="vcloud.data.prepare"):
+        counts = _prepare(tiny_raw, out, policy)
+    ds = open_store(out)
+    assert ds["valid_s2"].values.all()
+    s1_missing = ~ds["valid_s1"].values
+    assert s1_missing[0, 1] and s1_missing[:, 2].all() and s1_missing.sum() == 1 + TINY["patches"]
+    assert (ds["s1"].values[s1_missing] == S1_CLIP_DB[0]).all()  # the missing-image value: 0 once normalised
+    assert counts["bad_files"] == 0 and counts["dates_s2_only"] == 1 + TINY["patches"]
+    assert ds.attrs["counts"]["dates_s2_only"] == 1 + TINY["patches"]
+    assert bad_tsv_path(out).read_text() == "path\tkind\tpatch\tt\treason\n"
+    assert "ROIs1868_119_p0: S1 missing at t=1-2: kept with S2 only" in caplog.text
+    assert "ROIs1868_119_p1: S1 missing at t=2: kept with S2 only" in caplog.text
+
+
+def test_a_roi_without_any_s1_is_prepared_with_s2_only(tiny_raw, tmp_path, caplog):
+    shutil.rmtree(tiny_raw / "ROIs1868/119/S1")
+    with caplog.at_level("INFO", logger="vcloud.data.prepare"):
+        counts = _prepare(tiny_raw, tmp_path / "o.zarr")
+    ds = open_store(tmp_path / "o.zarr")
+    assert ds["valid_s2"].values.all() and not ds["valid_s1"].values.any()
+    assert counts["dates_s2_only"] == TINY["patches"] * TINY["times"] and counts["bad_files"] == 0
+    assert f"no S1 image at all: its {TINY['patches'] * TINY['times']} S2 images are kept" in caplog.text
+
+
+@pytest.mark.parametrize("policy", ["fail", "skip"])
+def test_a_short_series_is_prepared_with_the_dates_it_has(tiny_raw, tmp_path, caplog, policy):
+    """Time folders 2 and 3 absent (a series of 2 dates, times 4): prepared, the absent dates missing."""
+    for kind in ("S1", "S2"):
+        for t in (2, 3):
+            shutil.rmtree(tiny_raw / f"ROIs1868/119/{kind}/{t}")
+    out = tmp_path / "o.zarr"
+    with caplog.at_level("INFO", logger="vcloud.data.prepare"):
+        counts = _prepare(tiny_raw, out, policy)
+    ds = open_store(out)
+    assert ds.sizes["time"] == TINY["times"]  # every store keeps the configured dates: splits assemble
+    assert ds["valid_s2"].values[:, :2].all() and not ds["valid_s2"].values[:, 2:].any()
+    assert not ds["valid_s1"].values[:, 2:].any()
+    assert counts["times_absent"] == 2 and counts["locations_short"] == TINY["patches"] and counts["bad_files"] == 0
+    assert ds.attrs["series"] == {"times": TINY["times"], "absent": [2, 3], "beyond": []}
+    assert ds.attrs["counts"]["locations_short"] == TINY["patches"]
+    assert "ROIs1868/119: a series of 2 of 4 dates: t=2-3 absent" in caplog.text
+    # One location lacks a date the other has: named too.
+    for kind in ("s1", "s2"):
+        (_s1_file if kind == "s1" else _s2_file)(tiny_raw, 1, 1).unlink()
+    with caplog.at_level("INFO", logger="vcloud.data.prepare"):
+        _prepare(tiny_raw, out, policy)
+    assert "ROIs1868_119_p1: no image at t=1: stored as missing" in caplog.text
+    assert not open_store(out)["valid_s2"].values[1, 1]
+
+
+def test_time_folders_past_times_are_named_not_silently_dropped(tiny_raw, tmp_path, caplog):
+    with caplog.at_level("INFO", logger="vcloud.data.prepare"):
+        counts = prepare_roi(raw=tiny_raw, roi=ROI, out=tmp_path / "o.zarr", times=2, size=TINY["size"])
+    assert counts["times_beyond"] == 2
+    assert "ROIs1868/119: 2 time folders past times=2 not prepared (t=2-3)" in caplog.text

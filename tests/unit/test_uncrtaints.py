@@ -29,7 +29,7 @@ LOCATIONS = {
     "ROIs1868_119_p1": ([0.5, 0.7, 0.8, 0.4, 0.05, 0.6], None),  # asiaEast
     "ROIs2017_63_p5": ([0.2, 0.1, 0.0, 0.5, 0.3, None], ("s2", 5)),  # europa; S2 of date 5 missing
     "ROIs1970_22_p0": ([1.0, 0.9, 0.0, 0.8, 0.7, 0.95], None),  # not a dataset ROI (synthetic)
-    "ROIs1868_73_p2": ([0.3, 0.2, 0.1, 0.4, 0.0, 0.5], ("s1", 1)),  # asiaEast; S1 of date 1 missing
+    "ROIs1868_73_p2": ([0.3, 0.2, 0.1, 0.4, 0.0, 0.5], ("s2", 1)),  # asiaEast; S2 of date 1 missing
 }
 
 
@@ -128,9 +128,9 @@ def test_coverage_window_and_t_are_configurable(hand_store):
         ("ROIs1868_119_p1", 4, [0, 1, 2], 2),  # fallback (only 0.5 and 0.4 qualify)
         ("ROIs2017_63_p5", 2, [0, 1, 3], 1),  # date 5 (S2 missing) counts as coverage 1: excluded
         ("ROIs1970_22_p0", 2, [0, 1, 3], 1),  # fallback
+        ("ROIs1868_73_p2", 4, [0, 2, 3], 2),  # date 1 (S2 missing) counts as coverage 1: excluded
     ]
-    # its S2 is fine, so date 1 keeps its coverage (0.2), qualifies, and has no S1: skipped
-    assert [name for name, _ in ds.skipped] == ["ROIs1868_73_p2"]
+    assert ds.skipped == []
     two = UncrtaintsSamples(hand_store, dates=2)
     assert _samples(two)[1] == ("ROIs1868_119_p1", 4, [0, 1], 1)
 
@@ -169,6 +169,28 @@ def test_store_errors_are_one_line(hand_store):
         UncrtaintsSamples(hand_store, dates=6, min_cov=0.5, max_cov=0.5)
     with pytest.raises(BadInputError, match=r"need 0 <= min_cov <= max_cov <= 1"):
         UncrtaintsSamples(hand_store, dates=3, min_cov=0.6, max_cov=0.5)
+
+
+def test_a_date_without_s1_is_used_with_s1_zeroed_and_marked(hand_store, tmp_path):
+    """S1 missing at every date of ROIs1868_119_p0: the same samples, S1 channels zero, s1_valid False."""
+    import shutil
+
+    import zarr
+
+    store = tmp_path / "no_s1.zarr"
+    shutil.copytree(hand_store, store)
+    valid_s1 = zarr.open_group(str(store), mode="r+")["valid_s1"]
+    table = valid_s1[...]
+    table[0, :] = False
+    valid_s1[...] = table
+    with_s1, without = UncrtaintsSamples(hand_store, dates=3), UncrtaintsSamples(store, dates=3)
+    assert _samples(without) == _samples(with_s1) and without.skipped == with_s1.skipped
+    item, other = without[0], without[1]
+    assert without.reader.locations[without.items[0].location] == "ROIs1868_119_p0"
+    assert item["s1_valid"].tolist() == [False] * 3 and not bool(item["target_s1_valid"])
+    assert not item["x"][:, 13:15].any() and not item["target_s1"].any()
+    assert other["s1_valid"].all() and bool(other["target_s1_valid"]) and other["x"][:, 13:15].any()
+    assert torch.equal(item["x"][:, :13], with_s1[0]["x"][:, :13])  # S2 and the rest unchanged
 
 
 # --- the released pairing file ---------------------------------------------------------------

@@ -4,6 +4,15 @@
 
 A location is (ROIs folder, roi number, patch id); roi numbers repeat across ROIs folders.
 S1 and S2 are paired by the parsed (patch id, time index), never by listing order.
+
+What is data and what is a problem (scan_roi):
+- an S2 image without its S1 partner (no S1 file, or no S1 time folder, or no S1 at all) is a
+  date without S1: kept with S2 only (RoiScan.s1_missing), not a problem;
+- a time index with neither an S2 nor an S1 folder is an absent date (RoiScan.absent): the
+  series is shorter than `times`, not a problem; folders past `times` are listed in
+  RoiScan.beyond (not read);
+- an S1 image without its S2 partner, an S2 time folder missing where the S1 one exists, a file
+  whose name does not parse or lies in the wrong folder, a second image: problems.
 """
 
 from __future__ import annotations
@@ -203,6 +212,9 @@ class RoiScan:
     images: dict[tuple[int, int], dict[str, RawName]] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
     sources: dict = field(default_factory=dict)  # kind -> source (TreeSource, ArchiveSource)
+    s1_missing: list[tuple[int, int]] = field(default_factory=list)  # (patch, t): S2 without S1, kept
+    absent: list[int] = field(default_factory=list)  # t < times with neither an S2 nor an S1 folder
+    beyond: list[int] = field(default_factory=list)  # t >= times with a folder: not read
 
     @property
     def patches(self) -> list[int]:
@@ -233,32 +245,42 @@ def scan_roi(root, roi: RoiId, *, times: int = N_TIMES) -> RoiScan:
         sources = {kind: tree for kind in KINDS}
         label = str(Path(root) / roi.rois / str(roi.roi))
     scan = RoiScan(roi=roi, times=times, sources=sources)
+
+    def folder(kind: str, t: int):
+        source = sources.get(kind)
+        return source.list_folder(roi, kind, t) if source is not None else None
+
+    listed = {(kind, t): folder(kind, t) for kind in KINDS for t in range(times)}
+    scan.absent = [t for t in range(times) if listed[("s1", t)] is None and listed[("s2", t)] is None]
+    while any(folder(kind, times + len(scan.beyond)) is not None for kind in KINDS):
+        scan.beyond.append(times + len(scan.beyond))
     for kind in KINDS:
         source = sources.get(kind)
         for t in range(times):
-            entries = source.list_folder(roi, kind, t) if source is not None else None
+            entries = listed[(kind, t)]
             if entries is None:
-                where = source.where(roi, kind, t) if source is not None else f"{roi}/{kind.upper()}/{t}"
-                scan.problems.append(Problem(where, "missing time folder", kind=kind, t=t))
+                if kind == "s2" and t not in scan.absent:  # S1 without S2; a missing S1 is not a problem
+                    where = source.where(roi, kind, t) if source is not None else f"{roi}/{kind.upper()}/{t}"
+                    scan.problems.append(Problem(where, "missing time folder", kind=kind, t=t))
                 continue
             for entry, is_dir in entries:
                 _add_file(scan, source.where(roi, kind, t, entry), entry, is_dir, kind, t)
     if not scan.images:
         raise BadInputError(f"{label}: empty ROI {roi} (no parseable S1 or S2 image under S1/<t>/, S2/<t>/)")
-    missing_folders = {(p.kind, p.t) for p in scan.problems if p.reason == "missing time folder"}
+    missing_folders = {(kind, t) for (kind, t), entries in listed.items() if entries is None}
     for (patch, t), pair in sorted(scan.images.items()):
-        for kind in KINDS:
-            if kind not in pair and (kind, t) not in missing_folders:
-                other = pair["s2" if kind == "s1" else "s1"]
-                scan.problems.append(
-                    Problem(
-                        sources[kind].where(roi, kind, t),
-                        f"{kind.upper()} partner missing for {other.filename}",
-                        kind=kind,
-                        patch=patch,
-                        t=t,
-                    )
+        if "s1" not in pair:  # a date without S1: data (kept with S2 only), not a problem
+            scan.s1_missing.append((patch, t))
+        elif "s2" not in pair and ("s2", t) not in missing_folders:
+            scan.problems.append(
+                Problem(
+                    sources["s2"].where(roi, "s2", t),
+                    f"S2 partner missing for {pair['s1'].filename}",
+                    kind="s2",
+                    patch=patch,
+                    t=t,
                 )
+            )
     return scan
 
 

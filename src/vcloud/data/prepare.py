@@ -10,6 +10,13 @@ Policy for bad input (`on_bad_image`):
 - fail: the first problem raises one line naming the file and what is wrong; nothing is written.
 - skip: bad images are marked missing (valid_s1/valid_s2 False), listed with their reason in
   {roi}.bad.tsv beside the store, and every good image is kept.
+
+Not bad input, under either policy (layout.scan_roi): a date whose S1 is missing (no S1 file or
+time folder, or no S1 at all) is kept with S2 only, valid_s1 False; a series with fewer dates
+than `times` (time folders absent) is kept with the dates it has, the absent ones missing. Both
+are counted in the summary (`dates_s2_only`, `locations_short`, `times_absent`) and the store's
+attributes, and named in the log, one line per location. An S1 file that is there but
+unreadable is a bad image (fail stops; skip keeps the date with S2 only).
 """
 
 from __future__ import annotations
@@ -91,6 +98,8 @@ def prepare_roi(
     }
     where = ", ".join(sorted({str(Path(str(source)).resolve()) for source in scan.sources.values()}))
     attrs = store_attrs(source=f"SEN12MS-CR-TS {where}", options=options)
+    attrs["series"] = {"times": times, "absent": list(scan.absent), "beyond": list(scan.beyond)}
+    _log_series(scan)
 
     def one(patch: int):
         new_problems: list[Problem] = []
@@ -124,6 +133,8 @@ def prepare_roi(
         _write_bad_tsv(tmp_tsv, problems)
         counts = summary(open_store(tmp_store))
     counts["bad_files"] = len(problems)
+    counts["times_absent"] = len(scan.absent)
+    counts["times_beyond"] = len(scan.beyond)
     log.info(summary_line(f"prepared {roi}", counts))
     return counts
 
@@ -133,6 +144,46 @@ def _fail_on(problems: list[Problem], policy: str) -> None:
         first = problems[0]
         more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
         raise BadInputError(f"{first.path}: {first.reason}{more}")
+
+
+def _log_series(scan) -> None:
+    """Dates kept without S1 and dates a series lacks: named in the log, never silent."""
+    roi = scan.roi
+    name = lambda patch: location_id(roi.rois, roi.roi, patch)  # noqa: E731
+    if scan.beyond:
+        log.warning("%s: %d time folders past times=%d not prepared (t=%s); raise data.times to use them",
+                    roi, len(scan.beyond), scan.times, spans(scan.beyond))  # fmt: skip
+    if scan.absent:
+        log.info("%s: a series of %d of %d dates: t=%s absent (no S2 or S1 folder), stored as missing",
+                 roi, scan.times - len(scan.absent), scan.times, spans(scan.absent))  # fmt: skip
+    with_s2 = [key for key, pair in scan.images.items() if "s2" in pair]
+    if scan.s1_missing and len(scan.s1_missing) == len(with_s2):
+        log.info("%s: no S1 image at all: its %d S2 images are kept with S2 only (valid_s1 False)", roi, len(with_s2))
+    else:
+        missing: dict[int, list[int]] = {}
+        for patch, t in scan.s1_missing:
+            missing.setdefault(patch, []).append(t)
+        for patch, ts in sorted(missing.items()):
+            log.info("%s: S1 missing at t=%s: kept with S2 only (valid_s1 False)", name(patch), spans(ts))
+    present: dict[int, set[int]] = {}
+    for patch, t in scan.images:
+        present.setdefault(patch, set()).add(t)
+    for patch in scan.patches:
+        gone = [t for t in range(scan.times) if t not in present[patch] and t not in scan.absent]
+        if gone:
+            log.info("%s: no image at t=%s: stored as missing", name(patch), spans(gone))
+
+
+def spans(values) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2,5,7-8': date indices for a log line."""
+    values = sorted(int(v) for v in values)
+    parts, start = [], None
+    for i, v in enumerate(values):
+        start = v if start is None else start
+        if i + 1 == len(values) or values[i + 1] != v + 1:
+            parts.append(str(v) if v == start else f"{start}-{v}")
+            start = None
+    return ",".join(parts)
 
 
 def _prepare_location(scan, patch, size, thresholds, wind, problems):

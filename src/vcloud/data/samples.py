@@ -18,6 +18,16 @@ sharding and a resume from a checkpoint, bit for bit.
 Cloudy and unlabelled samples carry `wind` (u, v) of the target date (NaN when unknown), from
 which a wind-scanning model picks its scan sector.
 
+Dates without S1, short series. A date counts as usable when its S2 image is valid, with or
+without S1. Where S1 is missing its channels are zeros (normalised; the clip floor in dB for raw
+samples) and every sample of T dates says so: `s1_valid` (T,) bool and `target_s1_valid` ()
+bool (the target slot's), in every sampler here and in evaluation/protocols.py and
+evaluation/uncrtaints.py, so batches of any of them collate. A location with fewer usable dates
+than T repeats dates (drawn with replacement, in time order) to fill the T slots; a location with
+a single usable date is no clear target for CloudySamples (its other slots would show the
+ground truth), and a location without any S2 date is of no use to any sampler: both are counted
+and named in the log when a sampler is built (`left_out`).
+
 With `raw=True` (training) a sample carries the images as stored - S2 as int16 bits of the
 uint16 reflectance, S1 in dB, the cloud probability as uint8 - and `finish_batch` normalises
 the whole batch where it lands (the accelerator) and blends the synthetic cloud (simulated in
@@ -35,6 +45,7 @@ Evaluation reads the fixed samples' detection from a file made once per run inst
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -47,12 +58,52 @@ from vcloud.data.cloud_trees import detected_levels
 from vcloud.data.clouds import cloud_probability
 from vcloud.data.shards import ShardReader as StoreReader
 from vcloud.data.store import CLOUD_PROB_SCALE, normalise_s1, normalise_s2
+from vcloud.errors import BadInputError
+
+log = logging.getLogger(__name__)
 
 DETECT_ON = ("worker", "device")  # where CloudySamples runs s2cloudless on the clouded target
+NAMED = 20  # locations named per log line; the rest counted
+
+
+class NoSamples(BadInputError, ValueError):
+    """A store holds no sample of a kind: one line naming the store and why (exit 2 in the CLI)."""
 
 
 def _usable(reader: StoreReader) -> np.ndarray:
-    return reader.valid_s2 & reader.valid_s1  # (L, T)
+    """(L, T) bool: dates with a valid S2 image, with or without S1 (see the module docstring)."""
+    return reader.valid_s2.copy()
+
+
+def left_out(reader: StoreReader, usable: np.ndarray, *, sampler: str, min_dates: int = 1) -> list[int]:
+    """Locations with fewer than `min_dates` usable dates: logged (counted, named); returns them.
+
+    Also says how many usable dates lack S1. Logs nothing when nothing is left out and S1 is
+    everywhere (the common case: no noise)."""
+    counts = usable.sum(axis=1)
+    short = np.flatnonzero(counts < min_dates).tolist()
+    no_s1 = int((usable & ~reader.valid_s1).sum())
+    if no_s1:
+        log.info("%s %s: %d of %d usable dates have no S1 (used with S1 zeroed, s1_valid False)",
+                 reader.path, sampler, no_s1, int(usable.sum()))  # fmt: skip
+    for label, group in (("no S2 date", [i for i in short if counts[i] == 0]),
+                         (f"fewer than {min_dates} dates with S2", [i for i in short if counts[i] > 0])):  # fmt: skip
+        if group:
+            names = ", ".join(reader.locations[i] for i in group[:NAMED])
+            more = f" and {len(group) - NAMED} more" if len(group) > NAMED else ""
+            log.info("%s %s: %d of %d locations left out (%s): %s%s",
+                     reader.path, sampler, len(group), len(counts), label, names, more)  # fmt: skip
+    return short
+
+
+def no_target_reason(reader: StoreReader, usable: np.ndarray, clear_max_cover: float) -> str:
+    """Why a store has no clear target, for the one-line error: what it does hold."""
+    cover = np.where(usable, np.nan_to_num(reader.cloud_cover, nan=1.0), np.inf)
+    lowest = f"lowest cloud cover {float(cover.min()):.3f}" if usable.any() else "no S2 image"
+    single = int((usable.sum(axis=1) == 1).sum())
+    return (f"{reader.path}: no clear date (cloud cover < {clear_max_cover} on a valid S2 image, in a location "
+            f"with at least 2 dates) to use as ground truth: {len(reader)} locations, {int(usable.sum())} dates "
+            f"with S2 ({lowest}), {single} locations with a single date")  # fmt: skip
 
 
 class _StoreSamples(Dataset):
@@ -84,10 +135,12 @@ class ClearImages(_StoreSamples):
 
     def __init__(self, store, *, length=None, seed=0, crop=None, clear_max_cover=CLEAR_MAX_COVER, raw=False):
         reader = StoreReader(store)
-        clear = _usable(reader) & (np.nan_to_num(reader.cloud_cover, nan=1.0) < clear_max_cover)
+        usable = _usable(reader)
+        left_out(reader, usable, sampler="clear images")
+        clear = usable & (np.nan_to_num(reader.cloud_cover, nan=1.0) < clear_max_cover)
         self.images = np.argwhere(clear)  # (N, 2) location, time
         if len(self.images) == 0:
-            raise ValueError(f"{store}: no clear image (cloud cover < {clear_max_cover}) to train on")
+            raise NoSamples(f"{store}: no clear image (cloud cover < {clear_max_cover} on a valid S2 image) to train on")
         super().__init__(store, length=length or len(self.images), seed=seed, crop=crop, raw=raw)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
@@ -126,10 +179,12 @@ class CloudySamples(_StoreSamples):
         self.detect = detect
         reader = StoreReader(store)
         usable = _usable(reader)
+        single = left_out(reader, usable, sampler="cloudy samples", min_dates=2)
         clear = usable & (np.nan_to_num(reader.cloud_cover, nan=1.0) < clear_max_cover)
+        clear[single] = False  # a single date: the other slots would repeat the ground truth
         self.targets = np.argwhere(clear)  # (N, 2) location, clear date
         if len(self.targets) == 0:
-            raise ValueError(f"{store}: no clear date (cloud cover < {clear_max_cover}) to use as ground truth")
+            raise NoSamples(no_target_reason(reader, usable, clear_max_cover))
         self.usable = usable
         self.dates = dates
         self.epochs = epochs
@@ -189,7 +244,10 @@ class CloudySamples(_StoreSamples):
         images = self.reader.read_raw(location, dates)
         s2 = images.s2[:, :, ys, xs]  # (T, 13, h, w) uint16
         opacity, shadow = cloudsim.simulate(rng, s2.shape[2:], kind)
+        s1_valid = self.reader.valid_s1[location, dates]  # (T,)
         s1 = images.s1[:, :, ys, xs]
+        if not s1_valid.all():  # S1 missing: the clip floor in dB, zeros once normalised
+            s1 = np.where(s1_valid[:, None, None, None], s1, np.float32(S1_CLIP_DB[0]))
         prob = images.cloud_prob[:, ys, xs].copy()  # (T, h, w) uint8 as stored
         truth = normalise_s2(s2[target_index])
         clouded = cloudsim.apply(truth, opacity, shadow)  # (13, h, w)
@@ -214,6 +272,7 @@ class CloudySamples(_StoreSamples):
                 "cloud_opacity": torch.from_numpy(np.ascontiguousarray(opacity, dtype=np.float32)),
                 "cloud_shadow": torch.from_numpy(np.ascontiguousarray(shadow, dtype=np.float32)),
                 "days": days, "target_index": torch.tensor(target_index),
+                "s1_valid": torch.from_numpy(s1_valid.copy()), "target_s1_valid": torch.tensor(bool(s1_valid[target_index])),
             }  # fmt: skip
             if self.detect == "device":
                 item["detect_target"] = torch.tensor(True)
@@ -221,8 +280,9 @@ class CloudySamples(_StoreSamples):
             s2 = normalise_s2(s2)
             s2[target_index] = clouded
             item = stack_sample(
-                s2, normalise_s1(s1), _probability(prob), self.reader.date_s2[location, dates], target_index
-            )
+                s2, normalise_s1(s1), _probability(prob), self.reader.date_s2[location, dates], target_index,
+                s1_valid=s1_valid,
+            )  # fmt: skip
             item["target"] = torch.from_numpy(np.ascontiguousarray(truth))
         item["wind"] = torch.from_numpy(self.reader.wind[location, target_t])
         item["cloud_class"] = torch.tensor(CLOUD_CLASSES.index(kind))
@@ -236,6 +296,7 @@ class UnlabelledSamples(_StoreSamples):
     def __init__(self, store, *, dates: int, seed=0, clear_max_cover=CLEAR_MAX_COVER, limit: int | None = None):
         reader = StoreReader(store)
         usable = _usable(reader)
+        left_out(reader, usable, sampler="unlabelled samples")
         cover = np.nan_to_num(reader.cloud_cover, nan=1.0)
         never_clear = ~(usable & (cover < clear_max_cover)).any(axis=1)  # (L,)
         candidates = np.argwhere(usable & never_clear[:, None])
@@ -252,7 +313,8 @@ class UnlabelledSamples(_StoreSamples):
         dates, target_index = _pick_dates(rng, self.usable[location], target_t, self.dates)
         sample = self.reader.read(location, dates)
         prob = np.nan_to_num(sample.cloud_prob, nan=1.0)
-        item = stack_sample(sample.s2, sample.s1, prob, self.reader.date_s2[location, dates], target_index)
+        item = stack_sample(sample.s2, sample.s1, prob, self.reader.date_s2[location, dates], target_index,
+                            s1_valid=sample.valid_s1)  # fmt: skip
         item["wind"] = torch.from_numpy(self.reader.wind[location, target_t])
         item["visible"] = torch.from_numpy(prob[target_index] < S2CLOUDLESS_KWARGS["threshold"])
         item["location"] = torch.tensor(location)
@@ -274,7 +336,8 @@ def detected_probability(s2: np.ndarray, *, num_threads: int = 1) -> np.ndarray:
 
 
 def _pick_dates(rng, usable_row: np.ndarray, target_t: int, count: int) -> tuple[list[int], int]:
-    """`count` dates in time order including the target; others drawn from usable dates."""
+    """`count` dates in time order including the target; others drawn from usable dates, with
+    replacement (dates repeat) when fewer than count - 1 are usable; only the target when none is."""
     others = np.flatnonzero(usable_row)
     others = others[others != target_t]
     if len(others) == 0:
@@ -285,15 +348,25 @@ def _pick_dates(rng, usable_row: np.ndarray, target_t: int, count: int) -> tuple
     return dates, dates.index(target_t)
 
 
-def stack_sample(s2, s1, prob, dates_s2, target_index) -> dict[str, torch.Tensor]:
+def stack_sample(s2, s1, prob, dates_s2, target_index, *, s1_valid=None) -> dict[str, torch.Tensor]:
+    """Normalised images of T dates -> the model's layout. s1_valid (T,) bool, when given: S1 is
+    zeroed where it is False and the item carries `s1_valid` and `target_s1_valid`."""
+    if s1_valid is not None:
+        s1_valid = np.asarray(s1_valid, dtype=bool)
+        if not s1_valid.all():
+            s1 = np.where(s1_valid[:, None, None, None], s1, np.float32(0.0))
     x = np.concatenate([s2, s1, prob[:, None]], axis=1).astype(np.float32)  # (T, 16, H, W)
-    return {
+    item = {
         "x": torch.from_numpy(np.ascontiguousarray(x)),
         "days": _days(dates_s2, target_index),
         "target_index": torch.tensor(target_index),
         "target_s1": torch.from_numpy(np.ascontiguousarray(s1[target_index])),
         "target_prob": torch.from_numpy(np.ascontiguousarray(prob[target_index])),
     }
+    if s1_valid is not None:
+        item["s1_valid"] = torch.from_numpy(s1_valid.copy())  # (T,)
+        item["target_s1_valid"] = torch.tensor(bool(s1_valid[target_index]))
+    return item
 
 
 def _days(dates_s2: np.ndarray, target_index: int) -> torch.Tensor:
@@ -371,21 +444,35 @@ def _apply_cloud(s2: torch.Tensor, opacity: torch.Tensor, shadow: torch.Tensor) 
 
 
 class EpochConcat(Dataset):
-    """Concatenation that keeps the epoch in the index each part sees (unlike ConcatDataset)."""
+    """Concatenation that keeps the epoch in the index each part sees (unlike ConcatDataset).
+
+    A batch mixes parts, so every item carries the keys that every part's items carry (read once
+    from each part's first item): a key only one part gives (e.g. `s1_valid` where another part
+    picks its keys from a list that lacks it) is left out rather than failing the collation."""
 
     def __init__(self, parts: list[Dataset]):
         assert parts and all(len(p) for p in parts), "every part needs at least one sample"
         self.parts = parts
         self.offsets = np.cumsum([0] + [len(p) for p in parts])
+        self._keys: set | None = None
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
+
+    def _common_keys(self) -> set:
+        if self._keys is None:
+            self._keys = set.intersection(*(set(part[0]) for part in self.parts))
+        return self._keys
 
     def __getitem__(self, index: int):
         epoch, i = divmod(int(index), len(self))
         part = int(np.searchsorted(self.offsets, i, side="right")) - 1
         local = i - int(self.offsets[part])
-        return self.parts[part][epoch * len(self.parts[part]) + local]
+        item = self.parts[part][epoch * len(self.parts[part]) + local]
+        if isinstance(item, dict):
+            keys = self._common_keys()
+            item = {k: v for k, v in item.items() if k in keys}
+        return item
 
 
 def crop_item(item: dict[str, torch.Tensor], rng: np.random.Generator, crop: int | None) -> dict:

@@ -22,7 +22,13 @@ Dims: location, time, band_s2 (13), band_s1 (2), y, x, and gt (6) for the geotra
 
 Coordinates: location (id "ROIs1868_119_p42"), rois ("ROIs1868"), roi (119), patch (42), time.
 Attributes: format_version, source, band names, normalisation constants, producer
-(package version, git revision, resolved options).
+(package version, git revision, resolved options), counts (`summary`: missing images, dates kept
+with S2 only, short series); a prepared ROI also `series` (its absent dates, folders past `times`).
+
+A date without S1 (no S1 file, or an unreadable one under on_bad_image=skip) is kept with S2:
+valid_s1 False, s1 at the clip floor (0 after normalisation). A series shorter than `time` has
+its absent dates as missing images (valid_s2 and valid_s1 False): every store of a run keeps
+the configured number of dates, so splits assemble.
 """
 
 from __future__ import annotations
@@ -153,7 +159,7 @@ def write_locations(datasets: Iterator, path: Path) -> int:
         import zarr
 
         table = xr.concat(tables, dim="location", data_vars="minimal", coords="minimal", compat="override")
-        table.attrs = tables[0].attrs
+        table.attrs = {**tables[0].attrs, "counts": summary(table)}
         table.to_zarr(path, mode="a", zarr_format=3, consolidated=False, encoding=table_encoding(table))
         # One metadata read per open instead of one per array: it matters on Lustre.
         with warnings.catch_warnings():
@@ -224,6 +230,7 @@ def assemble(stores: Sequence[Path], out: Path) -> None:
     for name in table.variables:
         table[name].encoding = {}
     table.attrs = store_attrs(source=first.attrs.get("source", ""), options={"assembled_from": sources})
+    table.attrs["counts"] = summary(table)
     total = len(seen)
 
     with atomic_output(out) as tmp:
@@ -266,13 +273,20 @@ def _link(source: Path, target: Path, out: Path) -> None:
 
 
 def summary(ds) -> dict:
-    """Counts for a log line: locations, images, bad images, cloud-class counts."""
+    """Counts for a log line and the store's `counts` attribute: locations, images, missing
+    images, dates kept with S2 only (no S1), locations with a short series (fewer dates with S2
+    than the store's `time` size) or none at all, and cloud-class counts."""
     classes = ds["cloud_class"].values
+    valid_s2, valid_s1 = ds["valid_s2"].values, ds["valid_s1"].values
+    s2_dates = valid_s2.sum(axis=1)  # (L,)
     return {
         "locations": int(ds.sizes["location"]),
-        "images": int(ds["valid_s2"].values.sum() + ds["valid_s1"].values.sum()),
-        "missing_s2": int((~ds["valid_s2"].values).sum()),
-        "missing_s1": int((~ds["valid_s1"].values).sum()),
+        "images": int(valid_s2.sum() + valid_s1.sum()),
+        "missing_s2": int((~valid_s2).sum()),
+        "missing_s1": int((~valid_s1).sum()),
+        "dates_s2_only": int((valid_s2 & ~valid_s1).sum()),
+        "locations_short": int((s2_dates < ds.sizes["time"]).sum()),
+        "locations_without_s2": int((s2_dates == 0).sum()),
         "s1_nan_pixels": int(ds["s1_nan_pixels"].values.sum()),
         "cloud_classes": {name: int((classes == i).sum()) for i, name in enumerate(CLOUD_CLASSES)},
     }

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import Dataset
 
 from vcloud.config import ModelSetConfig
-from vcloud.data.samples import CloudySamples, stack_sample
+from vcloud.data.samples import CloudySamples, left_out, stack_sample
 from vcloud.data.shards import ShardReader as StoreReader  # direct, checked shard reads
 from vcloud.evaluation.fixed_protocol import load_fixed_protocol
 from vcloud.pipeline import EVAL_KINDS
@@ -29,7 +29,8 @@ class ReferenceSamples(Dataset):
 
     def __init__(self, store: Path, *, dates: int):
         self.reader = StoreReader(store)
-        usable = self.reader.valid_s2 & self.reader.valid_s1
+        usable = self.reader.valid_s2.copy()  # with or without S1 (zeroed, s1_valid); data/samples.py
+        left_out(self.reader, usable, sampler="protocol reference", min_dates=2)  # logged: counted, named
         cover = np.where(usable, np.nan_to_num(self.reader.cloud_cover, nan=1.0), np.inf)
         self.items = []
         for location in np.flatnonzero(usable.sum(axis=1) >= 2):
@@ -48,7 +49,8 @@ class ReferenceSamples(Dataset):
         location, truth, dates, slot = self.items[index]
         sample = self.reader.read(location, [*dates, truth])
         prob = np.nan_to_num(sample.cloud_prob, nan=1.0)
-        item = stack_sample(sample.s2[:-1], sample.s1[:-1], prob[:-1], self.reader.date_s2[location, dates], slot)
+        item = stack_sample(sample.s2[:-1], sample.s1[:-1], prob[:-1], self.reader.date_s2[location, dates], slot,
+                            s1_valid=sample.valid_s1[:-1])  # fmt: skip
         item["target"] = torch.from_numpy(np.ascontiguousarray(sample.s2[-1]))
         item["wind"] = torch.from_numpy(self.reader.wind[location, dates[slot]])
         item["cloud_class"] = torch.tensor(int(self.reader.cloud_class[location, dates[slot]]))

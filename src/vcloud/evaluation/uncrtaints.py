@@ -42,8 +42,9 @@ Region subsets as the reference: `all` (every location of the store) or one of a
 america, asiaEast, asiaWest, europa (locations whose ROI is one of that region's dataset ROIs,
 any split; layout.REGION_SPLITS). Deviations from the reference, both on purpose: a date whose
 S2 image the store marks unusable (missing or unreadable) counts as coverage 1 (the reference's
-blank-image mask), and a location whose selected target or input date is unusable (S2 or S1)
-is skipped and listed in `skipped` (the reference would feed a blank image).
+blank-image mask), and a location whose selected target or input date is unusable (no valid S2)
+is skipped and listed in `skipped` (the reference would feed a blank image). A date without S1
+is used, its S1 zeroed and marked in the item's `s1_valid` / `target_s1_valid` (data/samples.py).
 """
 
 from __future__ import annotations
@@ -440,7 +441,7 @@ class UncrtaintsSamples(Dataset):
         self.dates, self.region, self.min_cov, self.max_cov = dates, region, min_cov, max_cov
         self.pairs = None if pairs is None else Path(pairs)
         rois = region_rois(region)
-        usable = self.reader.valid_s2 & self.reader.valid_s1  # (L, T)
+        usable = self.reader.valid_s2  # (L, T): with S1 or without (s1_valid in the item)
         times = usable.shape[1]
         in_region = [
             i for i, name in enumerate(self.reader.locations) if rois is None or parse_location(name)[0] in rois
@@ -523,7 +524,8 @@ class UncrtaintsSamples(Dataset):
         dates = list(it.inputs)
         sample = self.reader.read(it.location, [*dates, it.target])
         prob = np.nan_to_num(sample.cloud_prob, nan=1.0)
-        item = stack_sample(sample.s2[:-1], sample.s1[:-1], prob[:-1], self.reader.date_s2[it.location, dates], it.slot)
+        item = stack_sample(sample.s2[:-1], sample.s1[:-1], prob[:-1], self.reader.date_s2[it.location, dates], it.slot,
+                            s1_valid=sample.valid_s1[:-1])  # fmt: skip
         item["target"] = torch.from_numpy(np.ascontiguousarray(sample.s2[-1]))
         item["wind"] = torch.from_numpy(self.reader.wind[it.location, dates[it.slot]])
         item["cloud_class"] = torch.tensor(int(self.reader.cloud_class[it.location, dates[it.slot]]))
