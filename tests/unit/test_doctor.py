@@ -77,7 +77,7 @@ LUMI_JOBS = {
     "synth_raw": 0, "index_archive": 20, "prepare_roi": 53, "assemble_split": 3, "wind_cache": 1,
     "train_stage0": 1, "train_stage1": 1, "train_stage2": 1, "train_stage3": 1, "fixed_protocol": 1,
     "evaluate_stage0": 1, "evaluate_stage1": 1, "evaluate_stage2": 1, "evaluate_stage3": 1,
-    "export_viewer": 1, "predict": 0, "report_curves": 0, "report_tables": 0, "accounting": 0,
+    "export_viewer": 1, "predict": 0, "bundle": 0, "report_curves": 0, "report_tables": 0, "accounting": 0,
 }  # fmt: skip
 
 

@@ -138,7 +138,7 @@ def get_accounting_input():
 
 
 def get_final_outputs():
-    return get_accounting_input() + [get_report_file("accounting.tsv")]
+    return get_accounting_input() + [get_report_file("accounting.tsv"), get_bundle()]
 
 
 def is_rehearsal():
@@ -206,3 +206,27 @@ def get_predict_flags():
     if PREDICT["draws"] is not None:
         flags += f" --draws {PREDICT['draws']}"
     return flags
+
+
+# --- vcloud bundle (workflow/rules/predict.smk) ---
+
+
+def get_bundle():
+    """The run's model as one file: the shown stages' predictors, config, card (vcloud bundle)."""
+    return f"{RESULTS}/bundle/{MODEL_SET.name}.tar"
+
+
+def get_bundle_input():
+    """The checkpoints (and wind cache) of the viewer's stages, the training split (the card's
+    patch size and data) and those stages' evaluation reports (the card's figures)."""
+    inputs = logic.viewer_inputs(
+        VIEWER_STAGES,
+        store=get_split_store("train"),
+        checkpoint_path=get_checkpoint,
+        wind_cache=get_wind_cache_input(),
+    )
+    return {**inputs, "reports": [get_eval_report(stage) for stage in VIEWER_STAGES]}
+
+
+def get_bundle_stage_flags():
+    return " ".join(f"--stage {stage}" for stage in VIEWER_STAGES)

@@ -38,3 +38,35 @@ rule predict:
 rule predict_all:
     input:
         [get_predict_manifest(roi) for roi in get_predict_rois()],
+
+
+# vcloud bundle (docs/predict.md): the finished run's model as one file to share and to predict
+# with (`vcloud predict --bundle`). Part of the default target; seconds of copying and hashing, so
+# on a cluster it runs where snakemake runs.
+localrules:
+    bundle,
+
+
+rule bundle:
+    input:
+        **get_bundle_input(),
+    output:
+        bundle=get_bundle(),
+    log:
+        "logs/bundle/bundle.log",
+    benchmark:
+        "benchmarks/bundle/bundle.tsv"
+    conda:
+        "../../envs/vcloud.yaml"
+    container:
+        get_container("bundle")
+    threads: get_threads("bundle")
+    resources:
+        **get_slurm_resources("bundle"),
+    params:
+        stages=get_bundle_stage_flags(),
+        config=get_model_config(),
+        checkpoints=lambda wildcards, input: get_checkpoint_flags(input),
+    shell:
+        "vcloud bundle {params.stages} {params.checkpoints} --config {params.config}"
+        " --train-store {input.store} --eval {input.reports} --out {output.bundle} > {log} 2>&1"

@@ -25,9 +25,9 @@ from vcloud.errors import ConfigError
 from vcloud.registry import STAGES
 from vcloud.runtime.lumi import Cluster, RuleResources, billing, retries_needed
 
-# Rules run by snakemake itself on the login node (`localrules:` of workflow/rules/export.smk,
-# `localrule: True` in rehearsal.smk; era5_wind has no resources entry): not billed.
-LOCAL_RULES = ("report_curves", "report_tables", "accounting", "rehearsal_summary")
+# Rules run by snakemake itself on the login node (`localrules:` of workflow/rules/export.smk and
+# predict.smk, `localrule: True` in rehearsal.smk; era5_wind has no resources entry): not billed.
+LOCAL_RULES = ("report_curves", "report_tables", "accounting", "rehearsal_summary", "bundle")
 # Rules with a `retries:` directive (train.smk, export.smk, predict.smk); the others have none
 # and the lumi profile sets no global --retries, so they run once.
 RETRIED_RULES = (
