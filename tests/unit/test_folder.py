@@ -61,10 +61,9 @@ def test_plain_folder_is_prepared_and_predicted(folder, tmp_path):
 
     root, georef = folder
     store = tmp_path / "mine.zarr"
-    # --on-bad-image skip: where a date without S1 is still a problem (before prepare keeps it as
-    # data), it is kept with S2 only either way
+    # the default policy (fail): a date without S1 is data, not a problem
     args = ["prepare", "--raw", str(root), "--roi", "ROIs9000/1", "--out", str(store), "--size", "32"]
-    assert main([*args, "--on-bad-image", "skip"]) == 0
+    assert main(args) == 0
     ds = open_store(store)
     assert list(ds["location"].values) == ["ROIs9000_1_p0"]
     assert ds.sizes["time"] == len(S2_DATES)  # --times from the folder
