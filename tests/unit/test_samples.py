@@ -94,6 +94,30 @@ def test_epoch_concat_passes_the_epoch_to_each_part(tiny_store):
     assert torch.equal(both[2 * 5 + 4]["target"], b[2 * 2 + 1]["target"])  # epoch 2, part b
 
 
+def test_epoch_concat_batches_collate_when_one_part_lacks_a_key(tiny_store):
+    """Stage 3 mixes CloudySamples with pseudo-labelled items that pick their keys from a list:
+    a key only one part gives (s1_valid) is left out, so the mixed batch collates."""
+    from torch.utils.data import default_collate
+
+    from vcloud.data.samples import EpochConcat
+
+    cloudy = CloudySamples(tiny_store, dates=2, length=2, seed=1, clear_max_cover=1.01)
+
+    class Picked(torch.utils.data.Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, index):
+            item = cloudy[index]
+            return {k: v for k, v in item.items() if k not in ("s1_valid", "target_s1_valid")}
+
+    both = EpochConcat([cloudy, Picked()])
+    batch = default_collate([both[i] for i in range(4)])
+    assert "s1_valid" not in batch and batch["x"].shape[0] == 4
+    alone = EpochConcat([cloudy])
+    assert default_collate([alone[0], alone[1]])["s1_valid"].shape == (2, 2)
+
+
 def _old_cloudy_item(ds: CloudySamples, index: int) -> dict:
     """CloudySamples.__getitem__ as it was before the raw path (legacy zarr reader, numpy), with
     the per-date S1 validity every sample now carries."""
