@@ -140,7 +140,9 @@ class ClearImages(_StoreSamples):
         clear = usable & (np.nan_to_num(reader.cloud_cover, nan=1.0) < clear_max_cover)
         self.images = np.argwhere(clear)  # (N, 2) location, time
         if len(self.images) == 0:
-            raise NoSamples(f"{store}: no clear image (cloud cover < {clear_max_cover} on a valid S2 image) to train on")
+            raise NoSamples(
+                f"{store}: no clear image (cloud cover < {clear_max_cover} on a valid S2 image) to train on"
+            )
         super().__init__(store, length=length or len(self.images), seed=seed, crop=crop, raw=raw)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
