@@ -38,6 +38,9 @@ class Stage:
     # The config section whose `model` this stage trains (its weights and Adam state are what its
     # checkpoints hold); None: its own. Stage 3 fine-tunes the stage-2 refiner.
     trains: str | None = None
+    # Its best checkpoint is chosen (and guarded) on the natural-cloud protocols of the val split
+    # too (train/stages.py natural_val): its hash then holds the evaluation keys they read.
+    validates_natural: bool = False
 
     @property
     def model_section(self) -> str:
@@ -88,16 +91,16 @@ STAGES: tuple[Stage, ...] = (
     # stage 1: CFDT draft over T dates
     Stage(1, upstream=(), predictor_needs=(1,), reads_wind=True,
           builder=f"{_BUILDERS}:stage1", predictor=f"{_PREDICTORS}:draft", needs_device=True,
-          viewer_label="stage 1 draft"),
+          viewer_label="stage 1 draft", validates_natural=True),
     # stage 2: pixel-space diffusion refiner of the frozen stage-1 draft (stage 0 not used)
     Stage(2, upstream=(1,), predictor_needs=(1, 2), reads_wind=True,
           builder=f"{_BUILDERS}:stage2", predictor=f"{_PREDICTORS}:refined", needs_device=True,
-          viewer_label="stage 2 refined"),
+          viewer_label="stage 2 refined", validates_natural=True),
     # stage 3: self-training (teacher: stages 1-2); the student is the stage-2 refiner, fine-tuned
     # on labelled + pseudo-labelled samples; predicts as the stage-1 draft refined by it
     Stage(3, upstream=(1, 2), predictor_needs=(1, 3), reads_wind=True,
           builder=f"{_BUILDERS}:stage3", predictor=f"{_PREDICTORS}:refined", needs_device=True,
-          viewer_label="stage 3 output", trains="stage2"),
+          viewer_label="stage 3 output", trains="stage2", validates_natural=True),
 )  # fmt: skip
 
 STAGE_NUMBERS: tuple[int, ...] = tuple(stage.number for stage in STAGES)

@@ -157,9 +157,15 @@ def test_the_hash_of_an_unchanged_config_is_stable(tmp_path):
     # How a run is observed, not what it learns.
     (lambda d: [d[f"stage{n}"]["train"].update(tensorboard=False) for n in STAGE_NUMBERS], set()),
     (lambda d: d.update(name="renamed"), set()),
-    # How the stages are evaluated: the evaluations rerun (their own hash), no stage retrains.
-    (lambda d: d["evaluation"]["uncrtaints"].update(dates=4, region="europa"), set()),
-    (lambda d: d.pop("evaluation"), set()),
+    # How the stages are evaluated: the evaluations rerun (their own hash), no stage retrains...
+    (lambda d: d["evaluation"]["uncrtaints"].update(region="europa"), set()),
+    (lambda d: d["evaluation"].update(nearest_clear_max_cover=0.2), set()),
+    # ...but stages 1-3 choose their best checkpoint on the natural-cloud protocols of the val
+    # split too: what those read (T of uncrtaints, reference truths) reruns them.
+    (lambda d: d["evaluation"]["uncrtaints"].update(dates=4), {1, 2, 3}),
+    (lambda d: d["evaluation"].update(reference_truths=2), {1, 2, 3}),
+    (lambda d: d["stage2"].update(clear_share=0.5), {2, 3}),
+    (lambda d: d["stage3"]["self_training"].update(natural_truths=3), {3}),
 ])  # fmt: skip
 def test_what_a_change_reruns(tmp_path, edit, reruns):
     assert changed(tmp_path, edit) == reruns
@@ -168,9 +174,9 @@ def test_what_a_change_reruns(tmp_path, edit, reruns):
 def test_stage_config_dict_holds_data_its_section_and_upstream_models_only():
     cfg = load_model_config(SMALL)
     picked = stage_config_dict(cfg, 3)
-    assert set(picked) == {"data", "stage1", "stage2", "stage3", "upstream"}  # no stage 0: stage 2 refines pixels
+    assert set(picked) == {"data", "stage1", "stage2", "stage3", "upstream", "validation"}  # no stage 0: stage 2 refines pixels
     assert set(picked["upstream"]) == {"stage1", "stage2"}  # their whole identities (hashes)
     assert set(picked["stage1"]) == {"model"} and "tensorboard" not in picked["stage3"]["train"]
-    assert set(stage_config_dict(cfg, 1)) == {"data", "stage1"}
+    assert set(stage_config_dict(cfg, 1)) == {"data", "stage1", "validation"}
     with pytest.raises(ConfigError, match="no stage 7"):
         stage_config_dict(cfg, 7)

@@ -40,10 +40,23 @@ def test_a_change_two_stages_up_changes_the_key_through_the_stage_between(tmp_pa
     assert _hash(tmp_path, 3, lambda d: d["stage0"]["train"].update(seed=7)) == base  # not upstream
 
 
-def test_a_first_stage_hashes_as_before_so_its_interrupted_runs_stay_resumable():
+def test_a_first_stage_hashes_its_own_settings_and_what_it_is_selected_on():
     cfg = load_model_config(SMALL)
-    assert set(stage_config_dict(cfg, 1)) == {"data", "stage1"}
+    # stage 1 builds on nothing; its best checkpoint is chosen on the natural-cloud protocols too
+    assert set(stage_config_dict(cfg, 1)) == {"data", "stage1", "validation"}
+    assert set(stage_config_dict(cfg, 0)) == {"data", "stage0"}  # the autoencoder validates on its own
     assert stage_hash(cfg, 1) == config_hash(stage_config_dict(cfg, 1))
+
+
+def test_the_natural_validation_settings_rerun_the_stages_selected_on_them_only():
+    import dataclasses
+
+    cfg = load_model_config(SMALL)
+    more = dataclasses.replace(cfg, evaluation=dataclasses.replace(cfg.evaluation, reference_truths=2))
+    assert stage_hash(more, 0) == stage_hash(cfg, 0)
+    assert all(stage_hash(more, n) != stage_hash(cfg, n) for n in (1, 2, 3))
+    baseline = dataclasses.replace(cfg, evaluation=dataclasses.replace(cfg.evaluation, nearest_clear_max_cover=0.2))
+    assert all(stage_hash(baseline, n) == stage_hash(cfg, n) for n in (0, 1, 2, 3))  # evaluation only
 
 
 def test_other_upstream_weights_make_another_resume_key(tmp_path):

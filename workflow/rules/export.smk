@@ -148,6 +148,8 @@ rule report_tables:
             caption="../report/evaluation.rst",
             category="Evaluation",
         ),
+        stages=get_stage_comparison(),
+        stages_md=get_stage_comparison("md"),
     log:
         "logs/report_tables/report_tables.log",
     benchmark:
@@ -160,7 +162,8 @@ rule report_tables:
     resources:
         **get_slurm_resources("report_tables"),
     shell:
-        "vcloud report-tables --out {output.page} {input.reports} > {log} 2>&1"
+        "(vcloud report-tables --out {output.page} {input.reports}"
+        " && vcloud compare-stages --out {output.stages} --markdown {output.stages_md} {input.reports}) > {log} 2>&1"
 
 
 rule accounting:

@@ -86,6 +86,11 @@ def get_eval_report(stage):
     return f"{RESULTS}/eval/stage{stage}.json"
 
 
+def get_stage_comparison(suffix="json"):
+    """Each stage against the one before it on every protocol (vcloud compare-stages)."""
+    return f"{RESULTS}/eval/stages.{suffix}"
+
+
 def get_fixed_protocol():
     """The fixed protocol's detection: written once by fixed_protocol, read by every
     evaluate_stage<n> and export_viewer (--fixed-protocol)."""
@@ -133,7 +138,7 @@ def get_accounting_input():
         + [get_eval_report(stage) for stage in STAGE_NUMBERS]
         + [get_viewer_page()]
         + [get_curves(stage) for stage in STAGE_NUMBERS]
-        + [get_report_file("evaluation.html")]
+        + [get_report_file("evaluation.html"), get_stage_comparison()]
     )
 
 

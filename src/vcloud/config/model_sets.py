@@ -30,9 +30,17 @@ class DataConfig:
     clear_target_max_cover: float = CLEAR_MAX_COVER  # a date may be a target (ground truth) below this cover
     samples_per_epoch: int | None = None  # random samples per epoch; None = one per location
     val_samples: int | None = None  # fixed validation samples; None = one per location
+    # What every stage's output keeps of the date it reconstructs: a pixel whose cloud probability
+    # p lies below this is taken from the observation with weight 1 - p / keep_seen_max_prob, the
+    # rest from the model (pipeline.keep_seen); None: the model's output everywhere. Off by
+    # default: measured on the default data it costs 1-3 dB where the date is not the truth's
+    # (fixed protocol's undetected thin cloud, reference protocol's other date; docs/training.md).
+    keep_seen_max_prob: float | None = None
 
     def __post_init__(self) -> None:
         _check_positive(self, ("input_dates", "prefetch_factor"))
+        if self.keep_seen_max_prob is not None and not 0.0 < self.keep_seen_max_prob <= 1.0:
+            raise ValueError(f"keep_seen_max_prob: {self.keep_seen_max_prob} is outside (0, 1]")
         _check_positive(self, ("crop", "samples_per_epoch", "val_samples"), optional=True)
         if self.num_workers < 0:
             raise ValueError(f"num_workers: {self.num_workers} is negative")
@@ -172,6 +180,10 @@ class SelfTraining:
     max_seed_spread: float = 0.02  # mean |difference| between seeds (S2 0..1 scale)
     max_visible_error: float = 0.05  # mean |error| on pixels the cloud mask calls clear
     max_pseudo_labels: int | None = None  # cap on unlabelled samples scored
+    # Natural-cloud pairs of the train split in the student's mix: per location up to this many
+    # clear dates as truths, each with the T dates nearest to it and their own clouds as input
+    # (protocol reference's sampler); 0: none (pseudo-labels and synthetic clouds only).
+    natural_truths: int = 0
 
 
 # The reference's region subsets (data.layout.REGIONS, plus all; a test checks they agree).
@@ -197,12 +209,19 @@ class UncrtaintsProtocol:
 
 @dataclass(frozen=True)
 class EvaluationConfig:
-    """`vcloud evaluate`: settings of the protocols (no stage hash depends on them)."""
+    """`vcloud evaluate`: settings of the protocols. The stages that validate on the natural-cloud
+    protocols (stage_hash.NATURAL_VALIDATION_KEYS) depend on `uncrtaints` and `reference_truths`."""
 
     uncrtaints: UncrtaintsProtocol = UncrtaintsProtocol()
+    # Protocol reference: ground truths per location, evenly spaced among its clear dates (1: the
+    # least-cloudy date only, as the reference loader; the small config takes 6: 57 test and 19
+    # validation samples of natural clouds from its 12 + 4 locations).
+    reference_truths: int = 1
     nearest_clear_max_cover: float = 0.05  # nearest-clear-date baseline: a date is clear at most this cover
 
     def __post_init__(self) -> None:
+        if self.reference_truths < 1:
+            raise ValueError(f"reference_truths: {self.reference_truths} must be >= 1")
         if not 0.0 <= self.nearest_clear_max_cover <= 1.0:
             raise ValueError(f"nearest_clear_max_cover: {self.nearest_clear_max_cover} is outside 0..1")
 
@@ -224,6 +243,13 @@ class Stage1Config:
 class Stage2Config:
     model: RefinerConfig
     train: TrainConfig
+    # Share of the refiner's training samples (stages 2 and 3) whose target date gets no synthetic
+    # cloud: with none, it never sees a clear date and "corrects" one it is given (README, Quality).
+    clear_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.clear_share < 1.0:
+            raise ValueError(f"clear_share: {self.clear_share} is outside [0, 1)")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,9 @@ from vcloud.registry import get_stage
 
 # Settings of how a run is observed, not of what it learns: they change no stage hash.
 NOT_HASHED_TRAIN_KEYS = ("tensorboard",)
+# The evaluation keys a stage that validates on the natural-cloud protocols reads (its best
+# checkpoint depends on them); the rest of the evaluation section reruns evaluations only.
+NATURAL_VALIDATION_KEYS = ("reference_truths", "uncrtaints.dates", "uncrtaints.min_cov", "uncrtaints.max_cov")
 
 
 def stage_config_dict(cfg: ModelSetConfig, stage: int) -> dict:
@@ -30,9 +33,17 @@ def stage_config_dict(cfg: ModelSetConfig, stage: int) -> dict:
     picked = {"data": full["data"], spec.name: full[spec.name]}
     for upstream in spec.upstream:
         picked[f"stage{upstream}"] = {"model": full[f"stage{upstream}"].get("model")}
+    if spec.validates_natural:
+        picked["validation"] = {key: _lookup(full["evaluation"], key) for key in NATURAL_VALIDATION_KEYS}
     if spec.upstream:  # absent for a first stage: its hash is what it was before (resumable)
         picked["upstream"] = {f"stage{n}": stage_hash(cfg, n) for n in spec.upstream}
     return picked
+
+
+def _lookup(section: dict, dotted: str):
+    for part in dotted.split("."):
+        section = section[part]
+    return section
 
 
 def stage_hash(cfg: ModelSetConfig, stage: int) -> str:

@@ -47,9 +47,12 @@ def smooth_field(rng: np.random.Generator, size: tuple[int, int], *, scale: int)
 
 
 def simulate(rng: np.random.Generator, size: tuple[int, int], kind: str) -> tuple[np.ndarray, np.ndarray]:
-    """(opacity, shadow) maps in 0..1 for one synthetic cloud of class `kind`."""
-    assert kind in CLOUD_CLASSES[1:], f"kind must be thin, thick or opaque, got {kind!r}"
+    """(opacity, shadow) maps in 0..1 for one synthetic cloud of class `kind`; "clear": none (the
+    target date stays as observed; nothing is drawn from `rng`)."""
+    assert kind in CLOUD_CLASSES, f"kind must be clear, thin, thick or opaque, got {kind!r}"
     h, w = size
+    if kind == "clear":
+        return np.zeros(size, np.float32), np.zeros(size, np.float32)
     scale = max(4, min(h, w) // 4)
     field = smooth_field(rng, size, scale=scale)
     shadow = np.zeros(size, np.float32)

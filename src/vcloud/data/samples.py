@@ -173,7 +173,10 @@ class CloudySamples(_StoreSamples):
         kinds: tuple[str, ...] | None = None,
         raw: bool = False,
         detect: str = "worker",
+        clear_share: float = 0.0,
     ):
+        """clear_share (training, kinds None): the share of samples whose target date gets no
+        synthetic cloud (kind "clear"); 0 draws exactly the samples it drew before it existed."""
         if detect not in DETECT_ON:
             raise ValueError(f"CloudySamples detect={detect!r}: expected one of {', '.join(DETECT_ON)}")
         if detect == "device" and not raw:
@@ -192,6 +195,7 @@ class CloudySamples(_StoreSamples):
         self.epochs = epochs
         self.mixed_from, self.all_from = mixed_from, all_from
         self.kinds = kinds  # fixed kinds (evaluation); None = the curriculum's
+        self.clear_share = clear_share
         self._detected: dict[int, np.ndarray] = {}  # fixed kinds: index -> detected target probability
         # Fixed kinds detected in the worker: the detection done once for the run, set by
         # evaluation/protocols.fixed_samples; levels(index, count) -> (count,) uint8 touched levels.
@@ -222,6 +226,8 @@ class CloudySamples(_StoreSamples):
         dates, target_index = _pick_dates(rng, self.usable[location], target_t, self.dates)
         if self.kinds is None:
             kind = str(rng.choice(self.kinds_at(epoch)))
+            if self.clear_share and rng.random() < self.clear_share:
+                kind = "clear"  # the target date as observed: a seen date is to be left alone
         else:
             kind = self.kinds[pair % len(self.kinds)]
         return location, target_t, dates, target_index, kind

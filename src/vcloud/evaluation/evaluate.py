@@ -29,7 +29,7 @@ import torch
 from vcloud.config import ModelSetConfig, load_model_config
 from vcloud.errors import BadInputError
 from vcloud.evaluation.predict import build_predictor
-from vcloud.evaluation.protocols import EVAL_SEED, ReferenceSamples, fixed_samples
+from vcloud.evaluation.protocols import EVAL_SEED, fixed_samples, reference_samples
 from vcloud.evaluation.scoring import score, table
 from vcloud.evaluation.uncrtaints import UncrtaintsSamples
 from vcloud.io import atomic_write_json
@@ -62,8 +62,9 @@ def evaluate(*, stage: int, store: Path, out: Path, checkpoints: dict[int, Path]
     protocols = {
         "fixed": {"protocol": fixed, **score(fixed_set, predict, **threshold)},
         "reference": {
-            "protocol": {"protocol": "reference", "dates": dates, "region": "all"},
-            **score(ReferenceSamples(store, dates=dates), predict, **threshold),
+            "protocol": {"protocol": "reference", "dates": dates, "region": "all",
+                         "truths_per_location": cfg.evaluation.reference_truths},
+            **score(reference_samples(store, cfg), predict, **threshold),
         },
     }
     if isinstance(uncrtaints, UncrtaintsSamples):

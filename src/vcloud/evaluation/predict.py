@@ -16,7 +16,7 @@ from vcloud.config import ModelSetConfig
 from vcloud.evaluation.protocols import EVAL_SEED
 from vcloud.models.autoencoder import Autoencoder
 from vcloud.models.cfdt import CFDT
-from vcloud.pipeline import build_pipeline, cfdt_draft, install_wind_orders
+from vcloud.pipeline import build_pipeline, draft_prediction, install_wind_orders
 from vcloud.registry import get_stage
 from vcloud.weights import load_frozen, load_stage_weights
 
@@ -31,10 +31,10 @@ def autoencoder(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
 
 
 def draft(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
-    """Stage 1: the CFDT's draft of the target date."""
+    """Stage 1: the CFDT's draft of the target date, its seen pixels kept (pipeline.keep_seen)."""
     ((stage, path),) = checkpoints.items()
     cfdt = install_wind_orders(load_frozen(CFDT(cfg.stage1.model), path, stage=stage), wind)
-    predict = lambda batch: cfdt_draft(cfdt, batch)
+    predict = lambda batch: draft_prediction(cfdt, batch, cfg.data.keep_seen_max_prob)
     predict.model = cfdt
     return predict
 

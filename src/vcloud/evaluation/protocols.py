@@ -25,22 +25,31 @@ EVAL_SEED = 2024
 
 
 class ReferenceSamples(Dataset):
-    """One sample per location with >= 2 usable dates: least-cloudy date = ground truth."""
+    """Natural clouds, as UnCRtainTS's reference loader: per location a clear date is the ground
+    truth and the T usable dates nearest to it, with their natural clouds, are the input.
 
-    def __init__(self, store: Path, *, dates: int):
+    truths=1: the least-cloudy date of each location (the reference's one sample per location).
+    truths=k: up to k truths per location, evenly spaced in time among its clear dates (cloud
+    cover <= clear_max_cover; the least-cloudy date where none is clear): more samples of the
+    same locations, so that differences between stages on natural clouds can be told apart.
+    """
+
+    def __init__(self, store: Path, *, dates: int, truths: int = 1, clear_max_cover: float = 0.05):
+        if truths < 1:
+            raise ValueError(f"reference protocol: truths per location must be >= 1, got {truths}")
         self.reader = StoreReader(store)
         usable = self.reader.valid_s2.copy()  # with or without S1 (zeroed, s1_valid); data/samples.py
         left_out(self.reader, usable, sampler="protocol reference", min_dates=2)  # logged: counted, named
         cover = np.where(usable, np.nan_to_num(self.reader.cloud_cover, nan=1.0), np.inf)
         self.items = []
         for location in np.flatnonzero(usable.sum(axis=1) >= 2):
-            truth = int(np.argmin(cover[location]))
-            others = np.flatnonzero(usable[location])
-            others = others[others != truth]
-            nearest = others[np.argsort(np.abs(others - truth), kind="stable")][:dates]
-            chosen = np.resize(np.sort(nearest), dates) if len(nearest) < dates else np.sort(nearest)
-            slot = int(np.argmin(np.abs(chosen - truth)))
-            self.items.append((int(location), truth, sorted(chosen.tolist()), slot))
+            for truth in reference_truths(cover[location], truths=truths, clear_max_cover=clear_max_cover):
+                others = np.flatnonzero(usable[location])
+                others = others[others != truth]
+                nearest = others[np.argsort(np.abs(others - truth), kind="stable")][:dates]
+                chosen = np.resize(np.sort(nearest), dates) if len(nearest) < dates else np.sort(nearest)
+                slot = int(np.argmin(np.abs(chosen - truth)))
+                self.items.append((int(location), truth, sorted(chosen.tolist()), slot))
 
     def __len__(self) -> int:
         return len(self.items)
@@ -56,6 +65,25 @@ class ReferenceSamples(Dataset):
         item["cloud_class"] = torch.tensor(int(self.reader.cloud_class[location, dates[slot]]))
         item["location"] = torch.tensor(location)
         return item
+
+
+def reference_truths(cover: np.ndarray, *, truths: int, clear_max_cover: float) -> list[int]:
+    """The truth dates of one location (cover (T,): inf where unusable): the least-cloudy date for
+    truths=1, else up to `truths` clear dates evenly spaced in time (the least-cloudy if none)."""
+    least = int(np.argmin(cover))
+    clear = np.flatnonzero(cover <= clear_max_cover)
+    if truths == 1 or len(clear) == 0:
+        return [least]
+    picks = np.unique(np.linspace(0, len(clear) - 1, min(truths, len(clear))).round().astype(int))
+    return [int(clear[i]) for i in picks]
+
+
+def reference_samples(store: Path, cfg: ModelSetConfig) -> ReferenceSamples:
+    """Protocol reference on `store` as the config sets it (T, truths per location)."""
+    return ReferenceSamples(
+        store, dates=cfg.data.input_dates, truths=cfg.evaluation.reference_truths,
+        clear_max_cover=cfg.data.clear_target_max_cover,
+    )  # fmt: skip
 
 
 def fixed_samples(

@@ -38,7 +38,10 @@ from torch.utils.data import DataLoader, Dataset
 from vcloud.config import ModelSetConfig, SelfTraining
 from vcloud.constants import S2_CHANNELS, S2CLOUDLESS_KWARGS
 from vcloud.data.samples import ClearImages, CloudySamples, EpochConcat, UnlabelledSamples, crop_item, finish_batch
+from vcloud.errors import BadInputError
 from vcloud.evaluation.metrics import compute_all
+from vcloud.evaluation.protocols import ReferenceSamples, reference_samples
+from vcloud.evaluation.uncrtaints import UncrtaintsSamples
 from vcloud.models.autoencoder import Autoencoder
 from vcloud.models.cfdt import CFDT
 from vcloud.models.refiner import S2_BANDS
@@ -48,6 +51,7 @@ from vcloud.pipeline import (  # noqa: F401 (re-exported: the builders' and thei
     RefinerPipeline,
     build_pipeline,
     cfdt_draft,
+    draft_prediction,
     install_wind_orders,
     observed_target,
     unwrap,
@@ -76,7 +80,7 @@ def detect_on(device: str, *, raw: bool = True) -> str:
 
 def _cloudy(
     cfg: ModelSetConfig, store: Path, *, train: bool, stage_epochs: int, device: str = "cpu", raw: bool = True,
-    samples_per_epoch: int | None = None,
+    samples_per_epoch: int | None = None, clear_share: float = 0.0,
 ) -> CloudySamples:  # fmt: skip
     d = cfg.data
     detect = detect_on(device, raw=raw)
@@ -85,12 +89,26 @@ def _cloudy(
         return CloudySamples(
             store, dates=d.input_dates, length=samples_per_epoch or d.samples_per_epoch, seed=cfg.stage1.train.seed,
             crop=d.crop, clear_max_cover=d.clear_target_max_cover, epochs=stage_epochs,
-            mixed_from=cur.mixed_from, all_from=cur.all_from, raw=raw, detect=detect,
+            mixed_from=cur.mixed_from, all_from=cur.all_from, raw=raw, detect=detect, clear_share=clear_share,
         )  # fmt: skip
     return CloudySamples(
         store, dates=d.input_dates, length=d.val_samples, seed=VAL_SEED, crop=None,
         clear_max_cover=d.clear_target_max_cover, kinds=EVAL_KINDS, raw=raw, detect=detect,
     )  # fmt: skip
+
+
+def natural_val(cfg: ModelSetConfig, store: Path) -> dict[str, Dataset]:
+    """The natural-cloud protocols on the val split, beside the fixed one (StageTask.extra_val):
+    reference (evaluation.reference_truths truths per location) and uncrtaints (T as
+    evaluation.uncrtaints sets it, coverage computed from the store), what users report. A
+    protocol the store has no sample of is left out with a warning."""
+    protocols: dict[str, Dataset] = {"reference": reference_samples(store, cfg)}
+    u = cfg.evaluation.uncrtaints
+    try:
+        protocols["uncrtaints"] = UncrtaintsSamples(store, dates=u.dates, min_cov=u.min_cov, max_cov=u.max_cov)
+    except BadInputError as err:
+        log.warning("validation without protocol uncrtaints on %s: %s", store, err)
+    return {name: samples for name, samples in protocols.items() if len(samples)}
 
 
 def _on_device(task: StageTask) -> StageTask:
@@ -140,15 +158,16 @@ def stage1(
     def loss(m, batch):
         return F.l1_loss(cfdt_draft(m, batch), batch["target"])
 
-    def validate(m, batch):
-        return compute_all(cfdt_draft(m, batch).float().clamp(0, 1), batch["target"].float())
+    def validate(m, batch):  # what stage 1 predicts: the draft with the date's seen pixels kept
+        prediction = draft_prediction(m, batch, cfg.data.keep_seen_max_prob)
+        return compute_all(prediction.float().clamp(0, 1), batch["target"].float())
 
     def on_epoch_start(epoch):
         return {"curriculum": "+".join(train_set.kinds_at(epoch))}
 
     return _on_device(StageTask(
         stage=1, model=model, train_set=train_set,
-        val_set=_cloudy(cfg, val, train=False, stage_epochs=1, device=device),
+        val_set=_cloudy(cfg, val, train=False, stage_epochs=1, device=device), extra_val=natural_val(cfg, val),
         loss=loss, validate=validate, on_epoch_start=on_epoch_start,
     ))  # fmt: skip
 
@@ -222,9 +241,9 @@ def stage2(
     return _on_device(StageTask(
         stage=2, model=pipeline,
         train_set=_cloudy(cfg, train, train=True, stage_epochs=cfg.stage2.train.epochs, device=device,
-                          samples_per_epoch=cfg.stage2.train.samples_per_epoch),
+                          samples_per_epoch=cfg.stage2.train.samples_per_epoch, clear_share=cfg.stage2.clear_share),
         val_set=_cloudy(cfg, val, train=False, stage_epochs=1, device=device), loss=loss, validate=validate,
-        validate_initial=True,
+        extra_val=natural_val(cfg, val), validate_initial=True,
         summary={"residual_scale": [round(float(v), 5) for v in scale],
                  "cloud_spectrum": [round(float(v), 4) for v in spectrum]},
     ))  # fmt: skip
@@ -243,9 +262,30 @@ class PseudoLabelled(Dataset):
         epoch, i = divmod(int(index), len(self.kept))
         base_index, label = self.kept[i]
         item = self.base[base_index]
-        keep = ("x", "days", "target_index", "target_s1", "target_prob", "wind", "location")
-        item = {**{k: item[k] for k in keep}, "target": label, "cloud_class": torch.tensor(-1)}
+        keep = ("x", "days", "target_index", "target_s1", "target_prob", "wind", "location", "s1_valid",
+                "target_s1_valid")  # fmt: skip
+        item = {**{k: item[k] for k in keep if k in item}, "target": label, "cloud_class": torch.tensor(-1)}
         return crop_item(item, np.random.default_rng((self.seed, epoch, i, 1)), self.crop)
+
+
+class NaturalPairs(Dataset):
+    """Natural clouds with a truth, from the train split: protocol reference's sampler (a clear date
+    is the truth, the T dates nearest to it with their own clouds the input, reconstructed at the
+    nearest) on the train store, cropped like training. What stage 3 adapts to: the clouds of the
+    data themselves, where stage 2 only saw the simulator's."""
+
+    def __init__(self, store: Path, cfg: ModelSetConfig, *, truths: int, seed: int):
+        self.base = ReferenceSamples(
+            store, dates=cfg.data.input_dates, truths=truths, clear_max_cover=cfg.data.clear_target_max_cover
+        )
+        self.crop, self.seed = cfg.data.crop, seed
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        epoch, i = divmod(int(index), len(self.base))
+        return crop_item(self.base[i], np.random.default_rng((self.seed, epoch, i, 2)), self.crop)
 
 
 def confidence(draws: torch.Tensor, observed: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tensor, float, float]:
@@ -351,16 +391,19 @@ def stage3(
     # Normalised on the CPU: its batches mix with the pseudo-labelled ones, which are.
     t = cfg.stage3.train
     labelled = _cloudy(cfg, train, train=True, stage_epochs=t.epochs, device=device, raw=False,
-                       samples_per_epoch=t.samples_per_epoch)  # fmt: skip
+                       samples_per_epoch=t.samples_per_epoch, clear_share=cfg.stage2.clear_share)  # fmt: skip
     pseudo = PseudoLabelled(unlabelled, kept, crop=cfg.data.crop, seed=cfg.stage3.train.seed)
-    train_set: Dataset = EpochConcat([labelled, pseudo]) if kept else labelled
+    natural = NaturalPairs(train, cfg, truths=st.natural_truths, seed=cfg.stage3.train.seed) if st.natural_truths else None
+    parts = [labelled, *([pseudo] if kept else []), *([natural] if natural is not None and len(natural) else [])]
+    train_set: Dataset = EpochConcat(parts) if len(parts) > 1 else labelled
     loss, validate = refiner_objective(cfg.stage2.model.sample_steps)  # as stage 2, pseudo-labels as targets
     return _on_device(StageTask(
         stage=3, model=pipeline, train_set=train_set,
-        val_set=_cloudy(cfg, val, train=False, stage_epochs=1, device=device),
+        val_set=_cloudy(cfg, val, train=False, stage_epochs=1, device=device), extra_val=natural_val(cfg, val),
         loss=loss, validate=validate,
         validate_initial=True,  # the start (the stage-2 refiner) is a candidate: never ships worse than stage 2
-        summary={"pseudo_labels_scored": len(scored), "pseudo_labels_kept": len(kept),
+        summary={"natural_pairs": len(natural) if natural is not None else 0,
+                 "pseudo_labels_scored": len(scored), "pseudo_labels_kept": len(kept),
                  "pseudo_labels_rejected": len(scored) - len(kept), "pseudo_label_check": check},
         artifacts={"pseudo_labels": {
             "scored": len(scored), "kept": len(kept), "rejected": len(scored) - len(kept),

@@ -70,6 +70,45 @@ class StageTask:
     # (row "epoch": -1): a stage whose starting point is a safe fallback (stage 2's refiner
     # starts as "no correction") then never ships weights that validate worse than it.
     validate_initial: bool = False
+    # More validation protocols beside val_set ("fixed"): name -> samples (the natural-cloud
+    # protocols on the val split), scored with `validate` too. With any, an epoch is selected on
+    # the mean of every protocol's mean `best_metric` (val_score), and with validate_initial it
+    # may become best.pt only if it loses to the start (the predecessor stage) on no protocol by
+    # more than the paired standard error of the per-sample difference (guard()).
+    extra_val: dict[str, Dataset] = field(default_factory=dict)
+
+
+FIXED = "fixed"  # the name of StageTask.val_set among the validation protocols
+
+
+class Indexed(Dataset):
+    """A validation set whose items carry their index (val_index), so that per-sample scores can
+    be put back in sample order whatever rank scored them."""
+
+    def __init__(self, base: Dataset):
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int) -> dict:
+        return {**self.base[index], "val_index": torch.tensor(int(index) % len(self.base))}
+
+
+def guard(candidate: dict[str, list[float]], start: dict[str, list[float]]) -> dict[str, dict]:
+    """Per protocol: does `candidate` lose to `start` by more than the paired standard error?
+
+    candidate, start: protocol -> per-sample values (same samples, same order). Returns protocol ->
+    {"difference": mean(candidate - start), "se": its paired standard error, "ok": difference >=
+    -se}. A protocol with one sample has no spread: there ok is difference >= 0.
+    """
+    verdict = {}
+    for name, values in candidate.items():
+        d = torch.tensor(values, dtype=torch.float64) - torch.tensor(start[name], dtype=torch.float64)
+        se = float(d.std(unbiased=True) / math.sqrt(len(d))) if len(d) > 1 else 0.0
+        mean = float(d.mean())
+        verdict[name] = {"difference": round(mean, 5), "se": round(se, 5), "ok": mean >= -se}
+    return verdict
 
 
 def loader_kwargs(data: DataConfig, *, batch_size: int) -> dict:
@@ -151,10 +190,13 @@ class Trainer:
         self.tensorboard: records.TensorBoardLog | None = None
         # Built once: with persistent workers they (and their open stores) live across epochs.
         self.train_loader = self._loader(task.train_set, self.sampler)
-        self.val_loader = None
-        if task.val_set is not None:
-            val_sampler = EpochSampler(len(task.val_set), rank=env.rank, world_size=env.world_size, shuffle=False)
-            self.val_loader = self._loader(task.val_set, val_sampler)
+        self.val_loader = None  # the first of val_loaders, None when there is none
+        self.val_loaders: dict[str, DataLoader] = {}
+        protocols = {FIXED: task.val_set, **task.extra_val} if task.val_set is not None else {}
+        for name, dataset in protocols.items():
+            val_sampler = EpochSampler(len(dataset), rank=env.rank, world_size=env.world_size, shuffle=False)
+            self.val_loaders[name] = self._loader(Indexed(dataset), val_sampler)
+        self.val_loader = next(iter(self.val_loaders.values()), None)
 
     # --- state -------------------------------------------------------------------------
     def _state(self, *, finished: bool = False, partial: dict | None = None) -> dict:
@@ -329,7 +371,7 @@ class Trainer:
         redoes it; a stop inside epoch 0 saves it with the rows and the best weights.
         """
         record = {"epoch": -1, **self._validate()}
-        value = float(record.get(f"val_{self.task.best_metric}", -math.inf))
+        value = self._selection_value(record)
         self.best_value, self.best_epoch = value, -1
         if self.main:
             self.best_weights = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
@@ -358,8 +400,9 @@ class Trainer:
         A resumed run re-creates a missing or stale best.pt and metrics.jsonl from latest.pt
         (_sync_outputs), finished or not.
         """
-        value = float(record.get(f"val_{self.task.best_metric}", -math.inf))
-        improved = value > self.best_value
+        value = self._selection_value(record)
+        passes = self._passes_guard(record)  # judged (and kept in the row) on every epoch
+        improved = value > self.best_value and passes
         if improved:
             self.best_value, self.best_epoch = value, self.epoch
             if self.main:
@@ -377,8 +420,28 @@ class Trainer:
             records.write_metrics(self.metrics_path, self.rows)
             if self.tensorboard is not None:
                 self.tensorboard.add(record)
-            shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in record.items() if k != "wall_time"}
+            shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in record.items()
+                     if k not in ("wall_time", "val_per_sample")}  # fmt: skip
             log.info("stage %d epoch %d: %s", self.task.stage, record["epoch"], shown)
+
+    def _selection_value(self, record: dict) -> float:
+        """What best.pt is chosen on: val_score with several protocols, else val_<best_metric>."""
+        key = "val_score" if "val_score" in record else f"val_{self.task.best_metric}"
+        return float(record.get(key, -math.inf))
+
+    def _passes_guard(self, record: dict) -> bool:
+        """With several protocols and a validated start: the epoch loses to the start (row -1) on
+        no protocol by more than the paired SE (guard()); the verdict is kept in the row."""
+        start = next((r for r in self.rows if r.get("epoch") == -1), None)
+        if "val_per_sample" not in record or start is None or "val_per_sample" not in start:
+            return True
+        verdict = guard(record["val_per_sample"], start["val_per_sample"])
+        record["guard"] = verdict
+        refused = [name for name, v in verdict.items() if not v["ok"]]
+        if refused:
+            log.info("stage %d epoch %d: not a candidate, loses to its start on %s (%s)", self.task.stage,
+                     record["epoch"], ", ".join(refused), verdict)  # fmt: skip
+        return not refused
 
     def _loader(self, dataset: Dataset, sampler) -> DataLoader:
         return DataLoader(dataset, sampler=sampler, **loader_kwargs(self.data_cfg, batch_size=self.cfg.batch_size))
@@ -491,17 +554,41 @@ class Trainer:
 
     @torch.no_grad()
     def _validate(self) -> dict:
-        if self.val_loader is None:
+        """Mean metrics of every validation protocol: val_<metric> for the fixed one (val_set),
+        val_<protocol>_<metric> for the others; with several, also val_score (the mean over
+        protocols of the mean best_metric) and val_per_sample (protocol -> best_metric per
+        sample, in sample order, gathered over ranks) for the guard."""
+        if not self.val_loaders:
             return {}
-        acc = MetricAccumulator()
         self.model.eval()
-        for batch in self.val_loader:
-            batch = _to(batch, self.device)
-            with self._autocast():
-                per_sample = self.task.validate(self.model, batch)
-            acc.update({k: v.float() for k, v in per_sample.items()})
-        means = acc.compute(reduce_fn=dist_utils.all_reduce_sum_fn(self.device))
-        return {f"val_{k}": float(v) for k, v in means.items()}
+        record: dict = {}
+        per_sample: dict[str, list[float]] = {}
+        for name, loader in self.val_loaders.items():
+            acc: MetricAccumulator | None = None
+            size = len(loader.dataset)
+            sums, counts = torch.zeros(size, dtype=torch.float64), torch.zeros(size, dtype=torch.float64)
+            for batch in loader:
+                index = batch.pop("val_index")
+                batch = _to(batch, self.device)
+                with self._autocast():
+                    values = self.task.validate(self.model, batch)
+                acc = acc or MetricAccumulator(tuple(values))
+                acc.update({k: v.float() for k, v in values.items()})
+                sums.index_add_(0, index, values[self.task.best_metric].detach().to("cpu", torch.float64))
+                counts.index_add_(0, index, torch.ones(len(index), dtype=torch.float64))
+            assert acc is not None, f"validation protocol {name} has no sample on this rank"
+            means = acc.compute(reduce_fn=dist_utils.all_reduce_sum_fn(self.device))
+            prefix = "val_" if name == FIXED else f"val_{name}_"
+            record.update({f"{prefix}{k}": float(v) for k, v in means.items()})
+            sums = dist_utils.all_reduce_sum(sums, self.device)
+            counts = dist_utils.all_reduce_sum(counts, self.device)
+            per_sample[name] = [round(float(v), 5) for v in (sums / counts.clamp(min=1)).tolist()]
+        if len(per_sample) > 1:
+            means = [record[f"val_{self.task.best_metric}" if n == FIXED else f"val_{n}_{self.task.best_metric}"]
+                     for n in per_sample]  # fmt: skip
+            record["val_score"] = float(sum(means) / len(means))
+            record["val_per_sample"] = per_sample
+        return record
 
     def _finish_record(self, record: dict) -> None:
         record.update(

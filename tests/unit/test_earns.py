@@ -1,0 +1,175 @@
+"""Every stage earns its GPU-hours: the seen pixels kept, the multi-protocol guard, natural truths."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from vcloud.constants import S2_CHANNELS
+from vcloud.evaluation.protocols import ReferenceSamples, reference_truths
+from vcloud.pipeline import keep_seen
+from vcloud.train.distributed import DistEnv
+from vcloud.train.trainer import guard
+
+SINGLE = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="", master_port=0, source="single")
+
+
+def _batch(prob: torch.Tensor, observed: torch.Tensor) -> dict:
+    b, _, h, w = observed.shape
+    x = torch.rand(b, 3, 16, h, w)
+    x[:, 1, S2_CHANNELS] = observed
+    return {"x": x, "target_index": torch.full((b,), 1), "target_prob": prob}
+
+
+def test_a_clear_target_comes_back_as_observed_whatever_the_model_says():
+    observed = torch.rand(2, 13, 8, 8)
+    batch = _batch(torch.zeros(2, 8, 8), observed)
+    wrong = torch.rand(2, 13, 8, 8)  # a model that damages the clear date
+    torch.testing.assert_close(keep_seen(wrong, batch, 0.4), observed)
+    torch.testing.assert_close(keep_seen(wrong, batch, None), wrong)  # switched off: the model's output
+
+
+def test_cloudy_pixels_are_the_models_and_the_unsure_ones_a_blend():
+    observed, model = torch.zeros(1, 13, 2, 2), torch.ones(1, 13, 2, 2)
+    prob = torch.tensor([[[0.0, 0.2], [0.4, 0.9]]])
+    out = keep_seen(model, _batch(prob, observed), 0.4)[0, 0]
+    # weight of the observation 1 - p / 0.4: 1, 0.5, 0, 0 -> the model's share 0, 0.5, 1, 1
+    torch.testing.assert_close(out, torch.tensor([[0.0, 0.5], [1.0, 1.0]]))
+
+
+def test_refined_and_draft_predictors_keep_a_clear_date(tiny_store, one_thread, tmp_path):
+    """The whole predictor path: a target date seen everywhere comes back unchanged from stage 1
+    and from a refiner that changes every pixel it is given."""
+    import dataclasses
+
+    from tests.unit.predict_fixtures import tiny_checkpoints
+    from vcloud.config import load_model_config
+    from vcloud.evaluation.predict import draft, refined
+
+    found = tiny_checkpoints(tmp_path)
+    cfg = load_model_config(found["config"])
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, keep_seen_max_prob=0.4))  # opt-in
+    ds = ReferenceSamples(tiny_store, dates=2)
+    batch = {k: v[None] for k, v in ds[0].items()}
+    slot = int(batch["target_index"][0])
+    observed = batch["x"][0, slot, S2_CHANNELS].float()
+    changes = refined(cfg, {1: found[1], 2: found[2]}, None)
+    assert (changes(batch)[0].float() - observed).abs().max() > 1e-3  # the slot is not all seen yet
+    batch["target_prob"] = torch.zeros_like(batch["target_prob"])  # now the slot's date is seen everywhere
+    for predict in (draft(cfg, {1: found[1]}, None), changes):
+        torch.testing.assert_close(predict(batch)[0].float(), observed, atol=1e-6, rtol=0)
+
+
+def test_guard_refuses_a_checkpoint_that_loses_on_one_protocol():
+    start = {"fixed": [30.0, 31.0, 32.0, 33.0], "reference": [28.0, 29.0, 30.0, 31.0]}
+    better_on_fixed_worse_on_natural = {"fixed": [31.0, 32.0, 33.0, 34.0], "reference": [27.0, 28.1, 28.9, 30.0]}
+    verdict = guard(better_on_fixed_worse_on_natural, start)
+    assert verdict["fixed"]["ok"] and not verdict["reference"]["ok"]
+    # a loss within the paired SE is not a loss
+    noisy = {"fixed": [30.5, 30.6, 32.4, 32.9], "reference": [28.0, 29.0, 30.0, 31.0]}
+    assert all(v["ok"] for v in guard(noisy, start).values())
+    assert guard(start, start)["fixed"] == {"difference": 0.0, "se": 0.0, "ok": True}
+
+
+def test_trainer_keeps_the_start_when_an_epoch_loses_on_a_natural_protocol(tmp_path):
+    """The trainer's selection: an epoch better on fixed and on the score but worse on reference by
+    more than its SE is not best.pt; the start stays."""
+    from torch import nn
+    from torch.utils.data import Dataset
+
+    from vcloud.config import DataConfig, TrainConfig
+    from vcloud.train.trainer import StageTask, Trainer
+
+    class Values(Dataset):
+        def __init__(self, n):
+            self.n = n
+
+        def __len__(self):
+            return self.n
+
+        def __getitem__(self, i):
+            return {"i": torch.tensor(i), "x": torch.zeros(1)}
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(1))
+            self.epoch = -1
+
+    model = Model()
+    # per-sample "psnr" by protocol and epoch: epoch 0 wins fixed by +3 and loses reference by 1
+    table = {"fixed": {-1: [30.0] * 4, 0: [33.0] * 4}, "reference": {-1: [30.0, 31, 29, 30], 0: [29.0, 30, 28, 29.1]}}
+
+    class Tagged(Values):
+        def __init__(self, n, name):
+            super().__init__(n)
+            self.name = name
+
+        def __getitem__(self, i):
+            return {**super().__getitem__(i), "name": torch.tensor(0 if self.name == "fixed" else 1)}
+
+    def validate(m, batch):
+        name = "fixed" if int(batch["name"][0]) == 0 else "reference"
+        values = torch.tensor([table[name][m.epoch][int(i)] for i in batch["i"]])
+        return {"psnr": values}
+
+    def loss(m, batch):
+        return m.w.sum() * 0
+
+    task = StageTask(stage=2, model=model, train_set=Values(2), val_set=Tagged(4, "fixed"), loss=loss,
+                     validate=validate, validate_initial=True, extra_val={"reference": Tagged(4, "reference")})
+    trainer = Trainer(task, train_cfg=TrainConfig(epochs=1, batch_size=2, lr=1e-3, tensorboard=False),
+                      data_cfg=DataConfig(input_dates=2), out_dir=tmp_path, config_hash="x", config={},
+                      env=SINGLE, device="cpu", progress=False)
+    original = trainer._train_epoch
+
+    def train_epoch(stop):
+        record = original(stop)
+        model.epoch = 0
+        return record
+
+    trainer._train_epoch = train_epoch
+    trainer.fit()
+    rows = trainer.rows
+    final = [r for r in rows if r["epoch"] == 0][0]
+    assert final["val_psnr"] == pytest.approx(33.0) and final["val_score"] > rows[0]["val_score"]
+    assert not final["guard"]["reference"]["ok"] and final["best"] is False
+    assert trainer.best_epoch == -1
+
+
+def test_reference_truths_spread_over_the_clear_dates():
+    cover = np.array([0.0, 0.5, 0.0, 0.01, 0.9, 0.0, 0.0, math.inf])
+    assert reference_truths(cover, truths=1, clear_max_cover=0.05) == [0]
+    assert reference_truths(cover, truths=3, clear_max_cover=0.05) == [0, 3, 6]
+    assert reference_truths(cover, truths=9, clear_max_cover=0.05) == [0, 2, 3, 5, 6]
+    assert reference_truths(np.array([0.6, 0.3, math.inf]), truths=4, clear_max_cover=0.05) == [1]
+
+
+def test_reference_protocol_with_several_truths_per_location(tiny_store):
+    one, several = ReferenceSamples(tiny_store, dates=2), ReferenceSamples(tiny_store, dates=2, truths=3)
+    assert len(several) >= len(one)
+    for location, truth, dates, slot in several.items:
+        assert truth not in dates and abs(dates[slot] - truth) == min(abs(d - truth) for d in dates)
+
+
+def test_clear_share_teaches_the_refiner_clear_targets_as_observed(tiny_store):
+    """clear_share: that share of training samples shows the target date as it is (kind "clear",
+    no synthetic cloud): the input at the target slot is the truth, which the refiner must keep."""
+    from vcloud.constants import CLOUD_CLASSES
+    from vcloud.data.samples import CloudySamples, finish_batch
+
+    plain = CloudySamples(tiny_store, dates=2, length=40, seed=3, clear_max_cover=1.01)
+    mixed = CloudySamples(tiny_store, dates=2, length=40, seed=3, clear_max_cover=1.01, clear_share=0.5)
+    clear = CLOUD_CLASSES.index("clear")
+    assert all(int(plain[i]["cloud_class"]) != clear for i in range(len(plain)))  # 0: as before
+    picked = [i for i in range(len(mixed)) if int(mixed[i]["cloud_class"]) == clear]
+    assert 8 <= len(picked) <= 32
+    for i in picked[:4]:
+        item = finish_batch({k: v[None] for k, v in mixed[i].items()})
+        slot = int(item["target_index"][0])
+        torch.testing.assert_close(item["x"][0, slot, S2_CHANNELS], item["target"][0].float())
+    unclear = next(i for i in range(len(mixed)) if i not in picked)
+    item = finish_batch({k: v[None] for k, v in mixed[unclear].items()})
+    slot = int(item["target_index"][0])
+    assert not torch.allclose(item["x"][0, slot, S2_CHANNELS], item["target"][0].float())
