@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from vcloud.config import ModelSetConfig, SelfTraining
 from vcloud.constants import S2_CHANNELS, S2CLOUDLESS_KWARGS
@@ -101,14 +101,25 @@ def natural_val(cfg: ModelSetConfig, store: Path) -> dict[str, Dataset]:
     """The natural-cloud protocols on the val split, beside the fixed one (StageTask.extra_val):
     reference (evaluation.reference_truths truths per location) and uncrtaints (T as
     evaluation.uncrtaints sets it, coverage computed from the store), what users report. A
-    protocol the store has no sample of is left out with a warning."""
+    protocol the store has no sample of is left out with a warning; each holds at most
+    data.val_samples samples (None: all), evenly spread over its own."""
     protocols: dict[str, Dataset] = {"reference": reference_samples(store, cfg)}
     u = cfg.evaluation.uncrtaints
     try:
         protocols["uncrtaints"] = UncrtaintsSamples(store, dates=u.dates, min_cov=u.min_cov, max_cov=u.max_cov)
     except BadInputError as err:
         log.warning("validation without protocol uncrtaints on %s: %s", store, err)
-    return {name: samples for name, samples in protocols.items() if len(samples)}
+    cap = cfg.data.val_samples  # as many as the fixed protocol validates at most, evenly spread
+    return {
+        name: samples if cap is None or len(samples) <= cap else Subset(samples, spread(len(samples), cap))
+        for name, samples in protocols.items()
+        if len(samples)
+    }
+
+
+def spread(total: int, count: int) -> list[int]:
+    """`count` indices of 0..total-1, evenly spaced (the first and the last included)."""
+    return sorted({round(i * (total - 1) / max(count - 1, 1)) for i in range(count)})
 
 
 def _on_device(task: StageTask) -> StageTask:
