@@ -2,11 +2,12 @@
 files and their SHA-256.
 
 A rerun takes an output as finished only when the manifest records it as done for the same
-request (same stage, weights, config, store, settings: `request_id`) and every one of its files
-is there with the recorded checksum; anything else is made again. While a run goes on the
-manifest is `manifest.partial.json`, rewritten whole (atomically) after every batch, so it never
-claims a file that is not complete on disk; `manifest.json` appears only when every output and
-mosaic is made (the workflow's declared output: it exists only for a complete run).
+request (same stage, weights, config, store, settings: `request_id`), made from the input dates
+the plan chooses now, and every one of its files is there with the recorded checksum; anything
+else is made again. While a run goes on the manifest is `manifest.partial.json`, rewritten whole
+(atomically) after every batch, so it never claims a file that is not complete on disk;
+`manifest.json` appears only when every output and mosaic is made (the workflow's declared
+output: it exists only for a complete run).
 """
 
 from __future__ import annotations
@@ -51,10 +52,13 @@ def read_manifest(out: Path) -> dict:
     return manifest
 
 
-def is_finished(entry: dict | None, out: Path, rid: str) -> bool:
-    """True when `entry` is done for request `rid` and each of its files has its recorded checksum."""
+def is_finished(entry: dict | None, out: Path, rid: str, *, made_from: dict | None = None) -> bool:
+    """True when `entry` is done for request `rid`, made from what `made_from` (the plan's record
+    of the output: input dates, S1) says, and each of its files has its recorded checksum."""
     if not entry or entry.get("status") != "done" or entry.get("request_id") != rid:
         return False
+    if made_from is not None and any(entry.get(key) != value for key, value in made_from.items()):
+        return False  # an earlier plan chose other inputs (e.g. before S2-only dates were inputs)
     for record in entry.get("files", {}).values():
         path = Path(out) / record["path"]
         if not path.is_file() or sha256_file(path) != record["sha256"]:

@@ -2,10 +2,12 @@
 
 Target dates: every date with an S2 image whose cloud cover exceeds `min_cover` (default), or
 the dates given (each must be a date of the store; it is reconstructed at every location that
-has an S2 image on it). Inputs: the target plus the T-1 other dates with both S1 and S2 that
-are least cloudy, nearer dates first on a tie; fewer than T-1 such dates are repeated, as the
-training sampler does. A target date without S1 is still reconstructed, its S1 as the store
-holds a missing image (the clip floor, 0 after normalisation), and the manifest says so.
+has an S2 image on it). Inputs: the target plus the T-1 other dates with an S2 image (with or
+without S1, as the samplers count them: data/samples.py) that are least cloudy, nearer dates
+first on a tie; fewer than T-1 such dates are repeated, as the training sampler does. Where a
+date (target or input) has no S1 its S1 is zeros (the missing-image value once normalised) and
+the batch carries `s1_valid` (B, T) and `target_s1_valid` (B,), as evaluation's batches do; the
+manifest says whether the target's S1 was present.
 
 A batch is a fixed slice of the plan (the plan's order is the store's location order, then
 time): a rerun forms the same batches, so the noise of the diffusion draws and every float
@@ -90,7 +92,7 @@ def plan_jobs(
     reader: ShardReader, *, rois: list[str], input_dates: int, min_cover: float, dates: list[str] | None = None
 ) -> list[Job]:
     """Every output to make, in store order; BadInputError naming a --dates value not in the store."""
-    valid_s2, usable = reader.valid_s2, reader.valid_s2 & reader.valid_s1
+    valid_s2 = reader.valid_s2  # targets and inputs alike: S2-only dates are data (S1 zeroed, s1_valid False)
     cover = np.nan_to_num(reader.cloud_cover, nan=1.0)
     stored = np.array([[date_text(d) if ok else "" for d, ok in zip(row, oks)]
                        for row, oks in zip(reader.date_s2, valid_s2)])  # fmt: skip
@@ -107,7 +109,7 @@ def plan_jobs(
     jobs, names = [], set()
     for location, t in np.argwhere(targets):
         location, t = int(location), int(t)
-        others = [o for o in np.flatnonzero(usable[location]).tolist() if o != t]
+        others = [o for o in np.flatnonzero(valid_s2[location]).tolist() if o != t]
         others.sort(key=lambda o: (cover[location, o], abs(days[location, o] - days[location, t]), o))
         chosen = (others * input_dates)[: input_dates - 1] if others else [t] * (input_dates - 1)
         inputs = sorted([t, *chosen])
@@ -140,9 +142,10 @@ def read_batch(reader: ShardReader, jobs: list[Job]) -> Batch:
     for job in jobs:
         raw = reader.read_raw(job.location, job.inputs)
         prob = np.where(raw.cloud_prob == 255, np.float32(1.0), raw.cloud_prob.astype(np.float32) / CLOUD_PROB_SCALE)
+        inputs = list(job.inputs)
         item = stack_sample(
             normalise_s2(raw.s2), normalise_s1(raw.s1), prob.astype(np.float32),
-            reader.date_s2[job.location, list(job.inputs)], job.slot,
+            reader.date_s2[job.location, inputs], job.slot, s1_valid=reader.valid_s1[job.location, inputs],
         )  # fmt: skip
         item["wind"] = torch.from_numpy(reader.wind[job.location, job.time])
         items.append(item)

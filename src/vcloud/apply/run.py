@@ -119,7 +119,9 @@ def predict(*, store: Path, out: Path, stage: int, checkpoints: dict[int, Path],
     }  # fmt: skip
     rid = request_id(request)
     previous = read_manifest(out).get("outputs", {}) if out.is_dir() else {}
-    finished = {job.name for job in jobs if is_finished(previous.get(job.name), out, rid)}
+    finished = {
+        job.name for job in jobs if is_finished(previous.get(job.name), out, rid, made_from=job.describe(reader))
+    }
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "producer": provenance(), "command": command,
         "store": str(store), "bundle": bundle, "config": str(config_path),
