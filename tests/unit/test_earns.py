@@ -173,3 +173,72 @@ def test_clear_share_teaches_the_refiner_clear_targets_as_observed(tiny_store):
     item = finish_batch({k: v[None] for k, v in mixed[unclear].items()})
     slot = int(item["target_index"][0])
     assert not torch.allclose(item["x"][0, slot, S2_CHANNELS], item["target"][0].float())
+
+
+def _report(stage: int, psnr: dict[str, list[float]], seen_mae: float = 0.01) -> dict:
+    protocols = {}
+    for name, values in psnr.items():
+        protocols[name] = {"samples": len(values), "location": [i // 2 for i in range(len(values))],
+                           "protocol": {"protocol": name},
+                           "model": {"per_sample": {"psnr": values}, "seen_mae": seen_mae}}  # fmt: skip
+    return {"stage": stage, "protocols": protocols}
+
+
+def test_compare_stages_pairs_each_stage_with_the_one_before(tmp_path):
+    import json
+
+    from vcloud.errors import BadInputError
+    from vcloud.evaluation.compare import compare_stages, markdown
+
+    reports = []
+    table = {1: {"fixed": [30, 31, 32, 33], "reference": [35, 36], "uncrtaints": [40, 41]},
+             2: {"fixed": [31, 32, 33, 34.5], "reference": [35.5, 36.1], "uncrtaints": [39, 41]},
+             3: {"fixed": [31, 32, 33, 34.5], "reference": [36, 36.6], "uncrtaints": [40, 42]}}  # fmt: skip
+    for stage, psnr in table.items():
+        path = tmp_path / f"stage{stage}.json"
+        path.write_text(json.dumps(_report(stage, psnr)))
+        reports.append(path)
+    out = compare_stages(reports, stages=(1, 2, 3))
+    fixed = out["protocols"]["fixed"]["difference"]["2 - 1"]
+    assert fixed["difference"] == pytest.approx(1.125) and fixed["samples"] == 4 and fixed["se"] > 0
+    natural = out["protocols"]["natural"]
+    assert natural["samples"] == 4 and natural["pooled"] == ["reference", "uncrtaints"]
+    assert natural["difference"]["3 - 2"]["difference"] == pytest.approx(0.75)  # (0.5 + 0.5 + 1 + 1) / 4
+    assert natural["difference"]["2 - 1"]["difference"] == pytest.approx((0.5 + 0.1 - 1 + 0) / 4)
+    text = markdown(out)
+    assert "| fixed | 4 | 31.50 | 32.62 | 32.62 | +1.12" in text and "natural (reference + uncrtaints) | 4 |" in text
+    # another store's report (other samples) is refused in one line naming the stages
+    other = _report(3, {"fixed": [1.0, 2.0], "reference": [1.0, 2.0], "uncrtaints": [1.0, 2.0]})
+    other["protocols"]["fixed"]["location"] = [7, 8]
+    reports[2].write_text(json.dumps(other))
+    with pytest.raises(BadInputError, match="stages 2 and 3 were scored on different samples"):
+        compare_stages(reports, stages=(1, 2, 3))
+    reports[2].write_text("{not json")
+    with pytest.raises(BadInputError, match="stage3.json: not an evaluation report"):
+        compare_stages(reports, stages=(1, 2, 3))
+
+
+def test_natural_clouds_lay_a_cloudy_dates_cloud_on_a_clear_target(tiny_store, small):
+    """Stage 3's natural-cloud samples: the target slot is the cloudy date's image where its cloud
+    probability is 1, the clear truth where it is 0, and the truth is the clear date itself."""
+    import dataclasses
+
+    from vcloud.data.shards import ShardReader
+    from vcloud.train.stages import NaturalClouds
+
+    cfg = dataclasses.replace(small, data=dataclasses.replace(small.data, input_dates=2, crop=None,
+                                                              clear_target_max_cover=1.01))  # fmt: skip
+    reader = ShardReader(tiny_store)
+    cover = np.nan_to_num(reader.cloud_cover, nan=1.0)
+    clouds = NaturalClouds(tiny_store, cfg, length=6, seed=0)
+    if not len(clouds):
+        pytest.skip("the tiny store has no date with cloud cover >= 0.3")
+    assert len(clouds) == 6 and cover[clouds.cloudy].min() >= 0.3
+    item = clouds[0]
+    slot = int(item["target_index"])
+    veil = item["x"][slot, -1]  # the cloudy date's probability, now the slot's
+    assert torch.equal(veil, item["target_prob"])
+    clear = veil == 0
+    if clear.any():
+        torch.testing.assert_close(item["x"][slot, S2_CHANNELS][:, clear], item["target"][:, clear])
+    assert not torch.allclose(item["x"][slot, S2_CHANNELS], item["target"])

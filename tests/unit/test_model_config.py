@@ -165,7 +165,7 @@ def test_the_hash_of_an_unchanged_config_is_stable(tmp_path):
     (lambda d: d["evaluation"]["uncrtaints"].update(dates=4), {1, 2, 3}),
     (lambda d: d["evaluation"].update(reference_truths=2), {1, 2, 3}),
     (lambda d: d["stage2"].update(clear_share=0.5), {2, 3}),
-    (lambda d: d["stage3"]["self_training"].update(natural_truths=3), {3}),
+    (lambda d: d["stage3"]["self_training"].update(natural_clouds=8), {3}),
 ])  # fmt: skip
 def test_what_a_change_reruns(tmp_path, edit, reruns):
     assert changed(tmp_path, edit) == reruns

@@ -2,8 +2,9 @@
 
 `vcloud compare-stages` reads the evaluation reports of the stages (results/eval/stage<n>.json,
 each scored on the same samples of every protocol) and writes, per protocol and for the
-natural-cloud protocols pooled ("natural": reference + uncrtaints), each stage's mean PSNR and
-the paired difference of each stage with the stage before it (registry order, the stages that
+natural-cloud protocols pooled ("natural": reference + uncrtaints), each stage's mean PSNR (and
+its mean |error| on the pixels where the reconstructed date is seen, `seen_mae`) and the paired
+difference of each stage with the stage before it (registry order, the stages that
 remove clouds: those the viewer shows), with its paired standard error and the one clustered by
 location. The README's quality table is pasted from its Markdown.
 """
@@ -61,6 +62,8 @@ def compare_stages(reports: list[Path], *, stages: tuple[int, ...]) -> dict:
             continue
         entry: dict = {"samples": len(next(iter(values.values()))[0]),
                        "mean": {str(n): _mean(v[0]) for n, v in values.items()}, "difference": {}}  # fmt: skip
+        if name != "natural":  # the error where the reconstructed date is seen (scoring.score)
+            entry["seen_mae"] = {str(n): by_stage[n][1][name].get("model", {}).get("seen_mae") for n in values}
         if name == "natural":
             entry["pooled"] = list(parts)
         for before, after in zip(order, order[1:]):
@@ -106,6 +109,14 @@ def markdown(comparison: dict) -> str:
             cluster = "" if d.get("se_location") is None else f" ({d['se_location']:.2f})"
             diffs.append(f"{d['difference']:+.2f}{se}{cluster}")
         lines.append("| " + " | ".join([label, str(entry["samples"]), *means, *diffs]) + " |")
+    seen = [(name, e["seen_mae"]) for name, e in comparison["protocols"].items() if e.get("seen_mae")]
+    if seen:
+        lines += ["", "Mean |error| (S2 0..1) where the reconstructed date is seen (cloud probability < 0.4):", "",
+                  "| protocol | " + " | ".join(f"stage {n}" for n in order) + " |",
+                  "| --- | " + " | ".join(["--:"] * len(order)) + " |"]  # fmt: skip
+        for name, values in seen:
+            cells = ["" if values.get(str(n)) is None else f"{values[str(n)]:.5f}" for n in order]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from vcloud.constants import CLOUD_CLASSES
+from vcloud.constants import CLOUD_CLASSES, S2CLOUDLESS_KWARGS
 from vcloud.evaluation.baselines import least_cloudy, median_mosaic
 from vcloud.evaluation.metrics import METRICS, compute_all
 from vcloud.evaluation.nearest_clear import nearest_clear
@@ -35,13 +35,19 @@ def score(dataset: Dataset, predict, *, nearest_clear_max_cover: float = 0.05) -
     }
     per_sample: dict[str, dict[str, list]] = {name: {m: [] for m in METRICS} for name in methods}
     classes, locations = [], []
+    seen_error, seen_pixels = 0.0, 0  # the model's |error| summed over the date's seen pixels
     for batch in DataLoader(dataset, batch_size=4):
         classes += batch["cloud_class"].tolist()
         locations += batch["location"].tolist()
         for name, method in methods.items():
-            values = compute_all(method(batch).float().clamp(0, 1), batch["target"].float())
+            prediction = method(batch).float().clamp(0, 1)
+            values = compute_all(prediction, batch["target"].float())
             for metric in METRICS:
                 per_sample[name][metric] += values[metric].tolist()
+            if name == "model":
+                seen = (batch["target_prob"] < S2CLOUDLESS_KWARGS["threshold"])[:, None].expand_as(prediction)
+                seen_error += float((prediction - batch["target"].float()).abs()[seen].double().sum())
+                seen_pixels += int(seen.sum())
     result: dict = {"samples": len(classes), "cloud_class": [class_name(c) for c in classes], "location": locations}
     for name, values in per_sample.items():
         arrays = {m: np.asarray(v) for m, v in values.items()}
@@ -57,6 +63,10 @@ def score(dataset: Dataset, predict, *, nearest_clear_max_cover: float = 0.05) -
             "by_class": by_class,
             "per_sample": {m: [round(float(x), 5) for x in a] for m, a in arrays.items()},
         }
+    # Where the reconstructed date is seen (cloud probability below the s2cloudless threshold): the
+    # model's mean |error| there, every band of every such pixel alike (None: nothing seen).
+    result["model"]["seen_mae"] = seen_error / seen_pixels if seen_pixels else None
+    result["model"]["seen_values"] = seen_pixels
     # model - baseline per metric, overall and per cloud class: paired SE, location-clustered SE
     result["paired"] = paired_report(result, method="model", others=BASELINES) if classes else {}
     return result

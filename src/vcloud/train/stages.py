@@ -37,10 +37,20 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from vcloud.config import ModelSetConfig, SelfTraining
 from vcloud.constants import S2_CHANNELS, S2CLOUDLESS_KWARGS
-from vcloud.data.samples import ClearImages, CloudySamples, EpochConcat, UnlabelledSamples, crop_item, finish_batch
+from vcloud.data.samples import (
+    ClearImages,
+    CloudySamples,
+    EpochConcat,
+    UnlabelledSamples,
+    _pick_dates,
+    crop_item,
+    finish_batch,
+    stack_sample,
+)
+from vcloud.data.shards import ShardReader as StoreReader
 from vcloud.errors import BadInputError
 from vcloud.evaluation.metrics import compute_all
-from vcloud.evaluation.protocols import ReferenceSamples, reference_samples
+from vcloud.evaluation.protocols import reference_samples
 from vcloud.evaluation.uncrtaints import UncrtaintsSamples
 from vcloud.models.autoencoder import Autoencoder
 from vcloud.models.cfdt import CFDT
@@ -279,24 +289,52 @@ class PseudoLabelled(Dataset):
         return crop_item(item, np.random.default_rng((self.seed, epoch, i, 1)), self.crop)
 
 
-class NaturalPairs(Dataset):
-    """Natural clouds with a truth, from the train split: protocol reference's sampler (a clear date
-    is the truth, the T dates nearest to it with their own clouds the input, reconstructed at the
-    nearest) on the train store, cropped like training. What stage 3 adapts to: the clouds of the
-    data themselves, where stage 2 only saw the simulator's."""
+class NaturalClouds(Dataset):
+    """Clear targets under the clouds of the data itself, cropped like training.
 
-    def __init__(self, store: Path, cfg: ModelSetConfig, *, truths: int, seed: int):
-        self.base = ReferenceSamples(
-            store, dates=cfg.data.input_dates, truths=truths, clear_max_cover=cfg.data.clear_target_max_cover
-        )
-        self.crop, self.seed = cfg.data.crop, seed
+    Sample i: a clear date t of a location (a training target) and one of that location's cloudy
+    dates c (cloud cover >= NATURAL_CLOUD_MIN_COVER); the target slot shows p_c x S2_c + (1 - p_c)
+    x S2_t per pixel, with p_c date c's cloud probability (also the slot's probability channel),
+    and the truth is S2_t. The cloud's look, spectrum and texture are the data's, not the
+    simulator's, and the truth is exact (no other date stands in for it).
+    """
+
+    def __init__(self, store: Path, cfg: ModelSetConfig, *, length: int, seed: int):
+        self.reader = StoreReader(store)
+        usable = self.reader.valid_s2.copy()
+        cover = np.nan_to_num(self.reader.cloud_cover, nan=1.0)
+        self.cloudy = usable & (cover >= NATURAL_CLOUD_MIN_COVER)
+        clear = usable & (cover < cfg.data.clear_target_max_cover) & self.cloudy.any(axis=1, keepdims=True)
+        self.targets = np.argwhere(clear)
+        self.usable, self.dates, self.crop = usable, cfg.data.input_dates, cfg.data.crop
+        self.length, self.seed = (length if len(self.targets) else 0), seed
 
     def __len__(self) -> int:
-        return len(self.base)
+        return self.length
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        epoch, i = divmod(int(index), len(self.base))
-        return crop_item(self.base[i], np.random.default_rng((self.seed, epoch, i, 2)), self.crop)
+        epoch, i = divmod(int(index), self.length)
+        rng = np.random.default_rng((self.seed, epoch, i, 3))
+        location, target_t = (int(v) for v in self.targets[int(rng.integers(len(self.targets)))])
+        cloud_t = int(rng.choice(np.flatnonzero(self.cloudy[location])))
+        dates, slot = _pick_dates(rng, self.usable[location], target_t, self.dates)
+        sample = self.reader.read(location, [*dates, cloud_t])
+        prob = np.nan_to_num(sample.cloud_prob, nan=1.0)
+        s2, truth = sample.s2[:-1].copy(), sample.s2[slot].copy()
+        veil = prob[-1][None]  # (1, H, W)
+        s2[slot] = veil * sample.s2[-1] + (1 - veil) * truth
+        prob = prob[:-1].copy()
+        prob[slot] = veil[0]
+        item = stack_sample(s2, sample.s1[:-1], prob, self.reader.date_s2[location, dates], slot,
+                            s1_valid=sample.valid_s1[:-1])  # fmt: skip
+        item["target"] = torch.from_numpy(np.ascontiguousarray(truth))
+        item["wind"] = torch.from_numpy(self.reader.wind[location, target_t])
+        item["cloud_class"] = torch.tensor(-1)
+        item["location"] = torch.tensor(location)
+        return crop_item(item, rng, self.crop)
+
+
+NATURAL_CLOUD_MIN_COVER = 0.3  # a date whose cloud NaturalClouds lays on a clear target
 
 
 def confidence(draws: torch.Tensor, observed: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tensor, float, float]:
@@ -404,7 +442,7 @@ def stage3(
     labelled = _cloudy(cfg, train, train=True, stage_epochs=t.epochs, device=device, raw=False,
                        samples_per_epoch=t.samples_per_epoch, clear_share=cfg.stage2.clear_share)  # fmt: skip
     pseudo = PseudoLabelled(unlabelled, kept, crop=cfg.data.crop, seed=cfg.stage3.train.seed)
-    natural = NaturalPairs(train, cfg, truths=st.natural_truths, seed=cfg.stage3.train.seed) if st.natural_truths else None
+    natural = NaturalClouds(train, cfg, length=st.natural_clouds, seed=cfg.stage3.train.seed) if st.natural_clouds else None
     parts = [labelled, *([pseudo] if kept else []), *([natural] if natural is not None and len(natural) else [])]
     train_set: Dataset = EpochConcat(parts) if len(parts) > 1 else labelled
     loss, validate = refiner_objective(cfg.stage2.model.sample_steps)  # as stage 2, pseudo-labels as targets
