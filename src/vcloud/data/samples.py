@@ -40,7 +40,7 @@ process, ~1 s of one core per 256x256 target) or "device" (raw batches only: the
 the stored probability and marks the sample `detect_target`; finish_batch runs the same trees
 as torch tensors, data/cloud_trees.py, where the batch is). Training on a GPU uses "device".
 Evaluation reads the fixed samples' detection from a file made once per run instead
-(`detected`, set by evaluation/protocols.fixed_samples; evaluation/fixed_protocol.py).
+(`detected`, set by evaluation/fixed_protocol.fixed_samples).
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ class CloudySamples(_StoreSamples):
         self.clear_share = clear_share
         self._detected: dict[int, np.ndarray] = {}  # fixed kinds: index -> detected target probability
         # Fixed kinds detected in the worker: the detection done once for the run, set by
-        # evaluation/protocols.fixed_samples; levels(index, count) -> (count,) uint8 touched levels.
+        # evaluation/fixed_protocol.fixed_samples; levels(index, count) -> (count,) uint8 touched levels.
         self.detected = None
         if kinds is not None:  # every (target, kind) pair once, in a seeded order
             pairs = len(self.targets) * len(kinds)

@@ -13,7 +13,6 @@ error naming the store, variable, location and date, never a codec traceback.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,7 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
-from vcloud.data.store import IMAGE_VARS
+from vcloud.data.reader import Sample
+from vcloud.data.store import (
+    CLOUD_PROB_SCALE,
+    IMAGE_VARS,
+    ShardLayout,
+    normalise_s1,
+    normalise_s2,
+    open_store,
+)
 from vcloud.errors import BadInputError
 
 MISSING = np.uint64(2**64 - 1)  # an index entry with this offset and size: chunk not written
@@ -47,57 +54,6 @@ def _crc32c(data) -> bytes:
     import google_crc32c  # zarr's own crc32c dependency
 
     return np.uint32(google_crc32c.value(bytes(data))).tobytes()
-
-
-@dataclass(frozen=True)
-class ShardLayout:
-    """How one image variable is laid out on disk, read from its zarr.json and checked."""
-
-    name: str
-    shape: tuple[int, ...]  # (L, T, [bands,] H, W)
-    dtype: np.dtype
-    image: tuple[int, ...]  # one inner chunk: ([bands,] H, W)
-
-    @property
-    def dates(self) -> int:
-        return self.shape[1]
-
-    @property
-    def image_nbytes(self) -> int:
-        return int(np.prod(self.image)) * self.dtype.itemsize
-
-    @classmethod
-    def read(cls, store: Path, name: str) -> ShardLayout:
-        meta_path = Path(store) / name / "zarr.json"
-        try:
-            meta = json.loads(meta_path.read_text())
-            shape = tuple(meta["shape"])
-            (codec,) = meta["codecs"]
-            conf = codec["configuration"]
-            inner = tuple(conf["chunk_shape"])
-            shard = tuple(meta["chunk_grid"]["configuration"]["chunk_shape"])
-            names = [c["name"] for c in conf["codecs"]]
-            index_names = [c["name"] for c in conf["index_codecs"]]
-            endian = [c.get("configuration", {}).get("endian", "little") for c in conf["codecs"][:1]]
-            ok = (
-                codec["name"] == "sharding_indexed"
-                and names == ["bytes", "blosc", "crc32c"]
-                and index_names == ["bytes", "crc32c"]
-                and conf.get("index_location", "end") == "end"
-                and endian == ["little"]
-                and inner[:2] == (1, 1)
-                and shard[0] == 1
-                and shard[1:] == shape[1:]
-            )
-            dtype = np.dtype(meta["data_type"]).newbyteorder("<")
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise BadInputError(f"{store}: {name} metadata unreadable ({type(err).__name__}: {err})") from None
-        if not ok:
-            raise BadInputError(f"{store}: {name} is not sharded as this vcloud writes it (one shard per location)")
-        return cls(name=name, shape=shape, dtype=dtype, image=inner[2:])
-
-    def shard_path(self, store: Path, location: int) -> Path:
-        return Path(store, self.name, "c", str(location), *["0"] * (len(self.shape) - 1))
 
 
 def _read_index(fd: int, size: int, dates: int) -> np.ndarray:
@@ -187,8 +143,6 @@ def damage_message(store: Path, name: str, location_id: str, t: int | None, date
 
 def verify(store: Path) -> list[str]:
     """Read every chunk of a prepared store; one line per damaged chunk (empty: all good)."""
-    from vcloud.data.store import open_store
-
     store = Path(store)
     ds = open_store(store)  # format version, metadata
     problems: list[str] = []
@@ -254,8 +208,6 @@ class ShardReader:
     """
 
     def __init__(self, path: Path):
-        from vcloud.data.store import open_store
-
         self.path = Path(path)
         ds = open_store(self.path)  # validates format version and gives a clear error
         table = lambda name: load_table(ds, name, self.path)  # noqa: E731
@@ -295,9 +247,6 @@ class ShardReader:
 
     def read(self, location: int, times: Sequence[int]):
         """Normalised as the reference loader (reader.Sample): the CPU path, for evaluation."""
-        from vcloud.data.reader import Sample
-        from vcloud.data.store import CLOUD_PROB_SCALE, normalise_s1, normalise_s2
-
         raw = self.read_raw(location, times)
         index = np.asarray(times, dtype=np.int64)
         prob = np.where(raw.cloud_prob == 255, np.nan, raw.cloud_prob.astype(np.float32) / CLOUD_PROB_SCALE)

@@ -38,6 +38,7 @@ import logging
 import os
 import warnings
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +125,57 @@ def image_encoding(ds) -> dict:
     return enc
 
 
+@dataclass(frozen=True)
+class ShardLayout:
+    """How one image variable is laid out on disk, read from its zarr.json and checked."""
+
+    name: str
+    shape: tuple[int, ...]  # (L, T, [bands,] H, W)
+    dtype: np.dtype
+    image: tuple[int, ...]  # one inner chunk: ([bands,] H, W)
+
+    @property
+    def dates(self) -> int:
+        return self.shape[1]
+
+    @property
+    def image_nbytes(self) -> int:
+        return int(np.prod(self.image)) * self.dtype.itemsize
+
+    @classmethod
+    def read(cls, store: Path, name: str) -> ShardLayout:
+        meta_path = Path(store) / name / "zarr.json"
+        try:
+            meta = json.loads(meta_path.read_text())
+            shape = tuple(meta["shape"])
+            (codec,) = meta["codecs"]
+            conf = codec["configuration"]
+            inner = tuple(conf["chunk_shape"])
+            shard = tuple(meta["chunk_grid"]["configuration"]["chunk_shape"])
+            names = [c["name"] for c in conf["codecs"]]
+            index_names = [c["name"] for c in conf["index_codecs"]]
+            endian = [c.get("configuration", {}).get("endian", "little") for c in conf["codecs"][:1]]
+            ok = (
+                codec["name"] == "sharding_indexed"
+                and names == ["bytes", "blosc", "crc32c"]
+                and index_names == ["bytes", "crc32c"]
+                and conf.get("index_location", "end") == "end"
+                and endian == ["little"]
+                and inner[:2] == (1, 1)
+                and shard[0] == 1
+                and shard[1:] == shape[1:]
+            )
+            dtype = np.dtype(meta["data_type"]).newbyteorder("<")
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise BadInputError(f"{store}: {name} metadata unreadable ({type(err).__name__}: {err})") from None
+        if not ok:
+            raise BadInputError(f"{store}: {name} is not sharded as this vcloud writes it (one shard per location)")
+        return cls(name=name, shape=shape, dtype=dtype, image=inner[2:])
+
+    def shard_path(self, store: Path, location: int) -> Path:
+        return Path(store, self.name, "c", str(location), *["0"] * (len(self.shape) - 1))
+
+
 def table_encoding(ds) -> dict:
     """Per-location and per-(location, time) variables and coordinates: one chunk each, whole."""
     return {
@@ -202,8 +254,6 @@ def assemble(stores: Sequence[Path], out: Path) -> None:
     and the split on one filesystem, as results/prepared/ is.
     """
     import xarray as xr
-
-    from vcloud.data.shards import ShardLayout
 
     if not stores:
         raise BadInputError(f"{out}: no input stores to assemble")

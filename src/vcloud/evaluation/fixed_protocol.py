@@ -1,8 +1,8 @@
 """`vcloud fixed-protocol`: the fixed protocol's cloud detection, done once per run.
 
-A fixed-protocol sample (evaluation/protocols.py) puts a seeded synthetic cloud on a clear
-target date; the cloud probability the model sees there is what s2cloudless (LightGBM) finds on
-the clouded image (data/samples.py, CloudySamples). Detecting is the largest cost of evaluating
+A fixed-protocol sample (`fixed_samples` below, re-exported by evaluation/protocols.py) puts a
+seeded synthetic cloud on a clear target date; the cloud probability the model sees there is
+what s2cloudless (LightGBM) finds on the clouded image (data/samples.py, CloudySamples). Detecting is the largest cost of evaluating
 on a CPU (~25 us per touched pixel and core) and it is the same for every stage's evaluation
 and the viewer: same store, seed and settings. This command detects once, for every sample
 index, over the touched pixels of many samples per LightGBM call on all the threads given;
@@ -42,9 +42,11 @@ from vcloud.data.samples import CloudySamples, detected_probability
 from vcloud.data.store import CLOUD_PROB_SCALE
 from vcloud.errors import BadInputError, VcloudError
 from vcloud.io import atomic_open, provenance, read_npz_with_meta
+from vcloud.pipeline import EVAL_KINDS
 
 log = logging.getLogger(__name__)
 
+EVAL_SEED = 2024  # the seed of every evaluation draw: the fixed samples' clouds, the models' sampling
 FORMAT_NAME = "vcloud-fixed-protocol"
 FORMAT_VERSION = 1
 ARRAY_KEYS = ("levels", "offsets")
@@ -110,6 +112,28 @@ def _checksum(arrays: dict[str, np.ndarray]) -> str:
     return digest.hexdigest()
 
 
+# --- the samples ----------------------------------------------------------------------
+
+
+def fixed_samples(
+    store: Path, cfg: ModelSetConfig, *, samples: int | None = None, detected: Path | None = None
+) -> CloudySamples:
+    """The fixed protocol's samples: seeded thin/thick/opaque clouds on the clear dates.
+
+    Sample i is the same whatever `samples` is (draws depend on the seed and i only), so the
+    viewer's sample i is the evaluation's sample i. `detected`: the file of `vcloud
+    fixed-protocol` for this store and config (`write_fixed_protocol`), read instead of
+    running s2cloudless on every clouded target; checked first, a mismatch raises one line.
+    """
+    dataset = CloudySamples(
+        store, dates=cfg.data.input_dates, length=samples, seed=EVAL_SEED,
+        clear_max_cover=cfg.data.clear_target_max_cover, kinds=EVAL_KINDS,
+    )  # fmt: skip
+    if detected is not None:
+        dataset.detected = load_fixed_protocol(detected, dataset, clear_max_cover=cfg.data.clear_target_max_cover)
+    return dataset
+
+
 # --- compute and write -----------------------------------------------------------------
 
 
@@ -137,8 +161,6 @@ def detect_all(dataset: CloudySamples, *, threads: int = 1) -> dict[str, np.ndar
 
 def write_fixed_protocol(store: Path, cfg: ModelSetConfig, out: Path, *, threads: int = 1) -> dict:
     """Detect every fixed-protocol sample of `store` and write `out` atomically; returns the meta."""
-    from vcloud.evaluation.protocols import fixed_samples
-
     if threads < 1:
         raise VcloudError(f"--threads: {threads}; expected at least 1")
     dataset = fixed_samples(store, cfg)

@@ -2,6 +2,7 @@
 
 - fixed: seeded synthetic clouds (thin, thick, opaque in turn) put on the clear dates of the
   store; ground truth = the clear image; the other T-1 dates keep their natural clouds.
+  Defined in evaluation/fixed_protocol.py beside its detection file (`fixed_samples`, re-exported here).
 - reference (as UnCRtainTS): per location, the least-cloudy date is the ground truth and T
   other dates, all with their natural clouds, are the input; the model reconstructs at the
   input date nearest in time to the ground truth.
@@ -16,12 +17,9 @@ import torch
 from torch.utils.data import Dataset
 
 from vcloud.config import ModelSetConfig
-from vcloud.data.samples import CloudySamples, left_out, stack_sample
+from vcloud.data.samples import left_out, stack_sample
 from vcloud.data.shards import ShardReader as StoreReader  # direct, checked shard reads
-from vcloud.evaluation.fixed_protocol import load_fixed_protocol
-from vcloud.pipeline import EVAL_KINDS
-
-EVAL_SEED = 2024
+from vcloud.evaluation.fixed_protocol import EVAL_SEED, fixed_samples  # noqa: F401 (re-exported: the readers' names)
 
 
 class ReferenceSamples(Dataset):
@@ -84,22 +82,3 @@ def reference_samples(store: Path, cfg: ModelSetConfig) -> ReferenceSamples:
         store, dates=cfg.data.input_dates, truths=cfg.evaluation.reference_truths,
         clear_max_cover=cfg.data.clear_target_max_cover,
     )  # fmt: skip
-
-
-def fixed_samples(
-    store: Path, cfg: ModelSetConfig, *, samples: int | None = None, detected: Path | None = None
-) -> CloudySamples:
-    """The fixed protocol's samples: seeded thin/thick/opaque clouds on the clear dates.
-
-    Sample i is the same whatever `samples` is (draws depend on the seed and i only), so the
-    viewer's sample i is the evaluation's sample i. `detected`: the file of `vcloud
-    fixed-protocol` for this store and config (evaluation/fixed_protocol.py), read instead of
-    running s2cloudless on every clouded target; checked first, a mismatch raises one line.
-    """
-    dataset = CloudySamples(
-        store, dates=cfg.data.input_dates, length=samples, seed=EVAL_SEED,
-        clear_max_cover=cfg.data.clear_target_max_cover, kinds=EVAL_KINDS,
-    )  # fmt: skip
-    if detected is not None:
-        dataset.detected = load_fixed_protocol(detected, dataset, clear_max_cover=cfg.data.clear_target_max_cover)
-    return dataset
