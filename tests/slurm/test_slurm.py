@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -303,6 +304,9 @@ def test_lumi_profile_submits_through_slurm_into_the_image(slurm_cluster, tmp_pa
         assert acct["account"] == TEST_ACCOUNT
 
 
+PACE_S = 1.0  # sleep after each optimizer step of the wall-time test's first job
+
+
 def _model_state(path: Path) -> dict:
     import torch
 
@@ -314,11 +318,16 @@ def test_wall_time_warning_checkpoints_and_snakemake_resubmits_until_done(slurm_
     """Stage 0 in one-minute jobs through `snakemake --profile lumi`: SLURM sends SIGUSR1
     (--signal=USR1@S from cluster.signal_seconds) to the rule's own job step, the trainer
     writes latest.pt and exits 3, snakemake resubmits the rule (its retries from the config),
-    the next job resumes, and the stage completes with the weights of an uninterrupted run."""
+    the next job resumes, and the stage completes with the weights of an uninterrupted run.
+
+    Paced (tests/slurm/pace): the first job sleeps PACE_S after every optimizer step, so its
+    training would outlast the one-minute limit and SLURM's warning (sent 10-40 s into the job:
+    slurmctld checks time limits every 30 s) always finds it mid-epoch; the resumed job and the
+    reference run unpaced. Sleeping changes no weight, so the comparison stays exact."""
     import torch
 
     models = yaml.safe_load((REPO / "tests/workflow/tiny_models.yaml").read_text())
-    epochs = 800  # about 0.1 s each on a quiet 2-core machine: 2-3 one-minute jobs
+    epochs = 60  # 2 steps each: about 2.1 s paced (126 s, past the limit), 0.1 s unpaced
     models["stage0"]["train"]["epochs"] = epochs
     (tmp_path / "models.yaml").write_text(yaml.safe_dump(models))
     overlay, cluster = write_overlay(
@@ -330,7 +339,7 @@ def test_wall_time_warning_checkpoints_and_snakemake_resubmits_until_done(slurm_
     extra["cluster"].update(signal_seconds=20, restart_minutes=0, spare_retries=2)
     extra["resources"].update(
         assemble_split={"runtime": 20, "mem_mb": 1000, "threads": 1, "partition": "small"},
-        # 1 min jobs, warned 20 s before the end: retries = ceil(800 x 0.5 s / 40 s) - 1 + 2 = 11.
+        # 1 min jobs, warned 20 s before the end: retries = ceil(60 x 2.1 s / 40 s) - 1 + 2 = 5.
         train_stage0={
             "runtime": 1,
             "mem_mb_per_gpu": 1500,
@@ -338,12 +347,14 @@ def test_wall_time_warning_checkpoints_and_snakemake_resubmits_until_done(slurm_
             "partition": "small-g",
             "gpus": 1,
             "cpus_per_gpu": 2,
-            "epoch_minutes": 0.5 / 60,
+            "epoch_minutes": 2.1 / 60,
         },
     )
     overlay.write_text(yaml.safe_dump(extra))
     env = stand_in_env(tmp_path)
-    env["PYTHONPATH"] = str(REPO / "src")
+    pace = shutil.copytree(REPO / "tests/slurm/pace", tmp_path / "pace")  # under the bind
+    env["PYTHONPATH"] = f"{pace}:{REPO / 'src'}"
+    env["VCLOUD_TEST_PACE_STEP_S"] = str(PACE_S)
     base = [
         *SNAKEMAKE,
         "--profile",
@@ -371,6 +382,7 @@ def test_wall_time_warning_checkpoints_and_snakemake_resubmits_until_done(slurm_
         [*base, "--", "results/stage0/best.pt"], cwd=REPO, capture_output=True, text=True, env=env, timeout=1500
     )
     out = proc.stdout + proc.stderr
+    (tmp_path / "snakemake.out").write_text(out)
     assert proc.returncode == 0, out[-6000:]
     jobs = sorted((tmp_path / "logs" / "slurm" / "rule_train_stage0").rglob("*.log"), key=lambda p: int(p.stem))
     states = [sacct(job.stem) for job in jobs]
@@ -390,9 +402,12 @@ def test_wall_time_warning_checkpoints_and_snakemake_resubmits_until_done(slurm_
     assert all(not any(line.startswith(f"{job.stem}.1|") for line in steps[job.stem]) for job in jobs), steps
     rows = [json.loads(x) for x in (tmp_path / "results/stage0/metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == list(range(epochs))  # one row per epoch across the jobs
-    # The same training uninterrupted, on the host, with the job's thread count (snakemake
-    # exports OMP_NUM_THREADS = the rule's threads; another count changes float sums).
+    # The first job was paced (its epochs took at least one sleep), the last one was not.
+    assert rows[0]["epoch_s"] >= PACE_S > rows[-1]["epoch_s"], [r["epoch_s"] for r in rows]
+    # The same training uninterrupted and unpaced, on the host, with the job's thread count
+    # (snakemake exports OMP_NUM_THREADS = the rule's threads; another count changes float sums).
     ref = tmp_path / "reference"
+    del env["VCLOUD_TEST_PACE_STEP_S"]
     env["OMP_NUM_THREADS"] = str(extra["resources"]["train_stage0"]["threads"])
     train = subprocess.run(
         [

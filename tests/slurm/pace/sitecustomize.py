@@ -1,0 +1,40 @@
+"""Test-only pacing for the SLURM wall-time test (tests/slurm/test_slurm.py): makes the first
+job of a `vcloud train` slow on purpose, so that a one-minute job is surely warned mid-training,
+while the resumed job and the uninterrupted reference run at full speed.
+
+Python imports `sitecustomize` at start-up from PYTHONPATH; the test puts a copy of this folder
+there (under a bind, so the container stand-in sees it) and sets VCLOUD_TEST_PACE_STEP_S. With
+that set, a `vcloud train ... --out DIR` process (the word after the program is `train`) that finds no DIR/latest.pt at start sleeps
+that many seconds after every optimizer step. Sleeping changes no number: the weights stay
+those of an unpaced run. Anything else (snakemake, the resumed job, no variable) is untouched.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+
+def _out_dir(argv: list[str]) -> Path | None:
+    for i, word in enumerate(argv):
+        if word == "--out" and i + 1 < len(argv):
+            return Path(argv[i + 1])
+        if word.startswith("--out="):
+            return Path(word.split("=", 1)[1])
+    return None
+
+
+def _pace() -> None:
+    seconds = float(os.environ.get("VCLOUD_TEST_PACE_STEP_S") or 0)
+    argv = getattr(sys, "argv", [])
+    out = _out_dir(argv)
+    if seconds <= 0 or argv[1:2] != ["train"] or out is None or (out / "latest.pt").exists():
+        return
+    import time
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(lambda optimizer, args, kwargs: time.sleep(seconds))
+    print(f"pace: {seconds:g} s after every optimizer step (first job of {out})", file=sys.stderr, flush=True)
+
+
+_pace()
