@@ -8,6 +8,7 @@ on its own in tests/unit/test_rehearsal.py.)"""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -26,7 +27,9 @@ CPU = {"partition": "small", "threads": 1, "mem_mb": 1500, "runtime": 10}
 def test_rehearsal_runs_every_rule_resumes_after_the_forced_warning_and_passes(slurm_cluster, tmp_path):  # noqa: F811
     require_stand_in()
     models = yaml.safe_load((REPO / "tests/workflow/tiny_models.yaml").read_text())
-    models["stage1"]["train"]["epochs"] = 60  # longer than the forced warning's 4 s
+    # Paced (tests/slurm/pace): stage 1's first job sleeps 1 s after each optimizer step, so the
+    # forced warning (4 s) finds it training; the resumed job runs unpaced. 10 epochs of 2 steps.
+    models["stage1"]["train"]["epochs"] = 10
     (tmp_path / "models.yaml").write_text(yaml.safe_dump(models))
     resources = {f"train_stage{n}": dict(GPU, epoch_minutes=0.1) for n in range(4)}
     resources["train_stage1"]["rehearse_warning"] = 4
@@ -46,6 +49,8 @@ def test_rehearsal_runs_every_rule_resumes_after_the_forced_warning_and_passes(s
     extra["resources"] = resources
     overlay.write_text(yaml.safe_dump(extra))
     env = stand_in_env(tmp_path)
+    pace = shutil.copytree(REPO / "tests/slurm/pace", tmp_path / "pace")  # under the bind
+    env.update(PYTHONPATH=str(pace), VCLOUD_TEST_PACE_STEP_S="1", VCLOUD_TEST_PACE_ONLY="stage1")
     command = [
         sys.executable, "-m", "snakemake", "--profile", "lumi", "-d", str(tmp_path),
         "--configfile", "config/lumi.yaml", "config/lumi-rehearsal.yaml", str(overlay),
@@ -57,6 +62,9 @@ def test_rehearsal_runs_every_rule_resumes_after_the_forced_warning_and_passes(s
     summary = json.loads((tmp_path / "results-rehearsal/rehearsal.json").read_text())
     assert summary["passed"] and summary["problems"] == [], summary
     assert summary["stages"]["stage1"]["resumed"] and not summary["stages"]["stage0"]["resumed"]
+    rows = [json.loads(x) for x in (tmp_path / "results-rehearsal/stage1/metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r["epoch"] >= 0]
+    assert [r["epoch"] for r in rows] == list(range(10)) and rows[0]["epoch_s"] >= 1.0  # the paced job
     assert summary["stamp"] and summary["stamp"].startswith("vcloud ")  # read inside the container
     assert set(summary["epoch_minutes"]) == {f"train_stage{n}" for n in range(4)}
     # Stage 1: the first job was warned (exit 3 of its step), the next one finished it.
