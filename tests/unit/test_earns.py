@@ -117,11 +117,27 @@ def test_trainer_keeps_the_start_when_an_epoch_loses_on_a_natural_protocol(tmp_p
     def loss(m, batch):
         return m.w.sum() * 0
 
-    task = StageTask(stage=2, model=model, train_set=Values(2), val_set=Tagged(4, "fixed"), loss=loss,
-                     validate=validate, validate_initial=True, extra_val={"reference": Tagged(4, "reference")})
-    trainer = Trainer(task, train_cfg=TrainConfig(epochs=1, batch_size=2, lr=1e-3, tensorboard=False),
-                      data_cfg=DataConfig(input_dates=2), out_dir=tmp_path, config_hash="x", config={},
-                      env=SINGLE, device="cpu", progress=False)
+    task = StageTask(
+        stage=2,
+        model=model,
+        train_set=Values(2),
+        val_set=Tagged(4, "fixed"),
+        loss=loss,
+        validate=validate,
+        validate_initial=True,
+        extra_val={"reference": Tagged(4, "reference")},
+    )
+    trainer = Trainer(
+        task,
+        train_cfg=TrainConfig(epochs=1, batch_size=2, lr=1e-3, tensorboard=False),
+        data_cfg=DataConfig(input_dates=2),
+        out_dir=tmp_path,
+        config_hash="x",
+        config={},
+        env=SINGLE,
+        device="cpu",
+        progress=False,
+    )
     original = trainer._train_epoch
 
     def train_epoch(stop):
@@ -149,7 +165,7 @@ def test_reference_truths_spread_over_the_clear_dates():
 def test_reference_protocol_with_several_truths_per_location(tiny_store):
     one, several = ReferenceSamples(tiny_store, dates=2), ReferenceSamples(tiny_store, dates=2, truths=3)
     assert len(several) >= len(one)
-    for location, truth, dates, slot in several.items:
+    for _location, truth, dates, slot in several.items:
         assert truth not in dates and abs(dates[slot] - truth) == min(abs(d - truth) for d in dates)
 
 

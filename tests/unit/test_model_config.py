@@ -174,7 +174,14 @@ def test_what_a_change_reruns(tmp_path, edit, reruns):
 def test_stage_config_dict_holds_data_its_section_and_upstream_models_only():
     cfg = load_model_config(SMALL)
     picked = stage_config_dict(cfg, 3)
-    assert set(picked) == {"data", "stage1", "stage2", "stage3", "upstream", "validation"}  # no stage 0: stage 2 refines pixels
+    assert set(picked) == {
+        "data",
+        "stage1",
+        "stage2",
+        "stage3",
+        "upstream",
+        "validation",
+    }  # no stage 0: stage 2 refines pixels
     assert set(picked["upstream"]) == {"stage1", "stage2"}  # their whole identities (hashes)
     assert set(picked["stage1"]) == {"model"} and "tensorboard" not in picked["stage3"]["train"]
     assert set(stage_config_dict(cfg, 1)) == {"data", "stage1", "validation"}

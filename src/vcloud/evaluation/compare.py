@@ -35,7 +35,9 @@ def _samples(result: dict) -> tuple[list[float], list] | None:
     model = result.get("model")
     if not model:
         return None
-    return model["per_sample"][METRIC], [f"{result.get('protocol', {}).get('protocol')}:{loc}" for loc in result["location"]]
+    return model["per_sample"][METRIC], [
+        f"{result.get('protocol', {}).get('protocol')}:{loc}" for loc in result["location"]
+    ]
 
 
 def compare_stages(reports: list[Path], *, stages: tuple[int, ...]) -> dict:
@@ -124,7 +126,9 @@ def _fmt(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}"
 
 
-def write_comparison(reports: list[Path], out: Path, *, stages: tuple[int, ...], markdown_out: Path | None = None) -> dict:
+def write_comparison(
+    reports: list[Path], out: Path, *, stages: tuple[int, ...], markdown_out: Path | None = None
+) -> dict:
     comparison = compare_stages(reports, stages=stages)
     atomic_write_json(out, comparison, indent=1)
     if markdown_out is not None:

@@ -62,8 +62,12 @@ def evaluate(*, stage: int, store: Path, out: Path, checkpoints: dict[int, Path]
     protocols = {
         "fixed": {"protocol": fixed, **score(fixed_set, predict, **threshold)},
         "reference": {
-            "protocol": {"protocol": "reference", "dates": dates, "region": "all",
-                         "truths_per_location": cfg.evaluation.reference_truths},
+            "protocol": {
+                "protocol": "reference",
+                "dates": dates,
+                "region": "all",
+                "truths_per_location": cfg.evaluation.reference_truths,
+            },
             **score(reference_samples(store, cfg), predict, **threshold),
         },
     }

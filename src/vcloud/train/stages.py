@@ -442,7 +442,9 @@ def stage3(
     labelled = _cloudy(cfg, train, train=True, stage_epochs=t.epochs, device=device, raw=False,
                        samples_per_epoch=t.samples_per_epoch, clear_share=cfg.stage2.clear_share)  # fmt: skip
     pseudo = PseudoLabelled(unlabelled, kept, crop=cfg.data.crop, seed=cfg.stage3.train.seed)
-    natural = NaturalClouds(train, cfg, length=st.natural_clouds, seed=cfg.stage3.train.seed) if st.natural_clouds else None
+    natural = (
+        NaturalClouds(train, cfg, length=st.natural_clouds, seed=cfg.stage3.train.seed) if st.natural_clouds else None
+    )
     parts = [labelled, *([pseudo] if kept else []), *([natural] if natural is not None and len(natural) else [])]
     train_set: Dataset = EpochConcat(parts) if len(parts) > 1 else labelled
     loss, validate = refiner_objective(cfg.stage2.model.sample_steps)  # as stage 2, pseudo-labels as targets
