@@ -50,3 +50,16 @@ def predict_args(store: Path, out: Path, ckpt: dict, *extra: str) -> list[str]:
         "predict", "--stage", "2", "--store", str(store), "--out", str(out), "--stage1", str(ckpt[1]),
         "--stage2", str(ckpt[2]), "--config", str(ckpt["config"]), "--device", "cpu", *extra,
     ]  # fmt: skip
+
+
+def fails_in_one_line(capsys, args, out, *expected) -> None:
+    """`vcloud ARGS` exits 2 with one error line holding every `expected` text, and `out` was
+    never created (nothing half-written)."""
+    from vcloud.cli import main
+
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    for text in expected:
+        assert text in err, err
+    assert not out.exists(), sorted(out.rglob("*"))

@@ -13,7 +13,7 @@ import tarfile
 import pytest
 
 from tests.conftest import TINY, TINY_ROIS
-from tests.unit.predict_fixtures import predict_args, tiny_checkpoints
+from tests.unit.predict_fixtures import fails_in_one_line, predict_args, tiny_checkpoints
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -115,15 +115,7 @@ def test_bundle_is_deterministic_and_describes_the_model(ckpt, bundle, tiny_stor
     assert "psnr 31.25" in text and "B1, B2, B3" in text and "T = 2 input dates" in text
 
 
-def _fails(capsys, args, out, *expected):
-    from vcloud.cli import main
-
-    assert main(args) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    for text in expected:
-        assert text in err, err
-    assert not out.exists(), sorted(out.rglob("*"))
+_fails = fails_in_one_line
 
 
 def _predict(bundle, store, out):

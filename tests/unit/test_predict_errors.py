@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from tests.unit.predict_fixtures import predict_args, tiny_checkpoints
+from tests.unit.predict_fixtures import fails_in_one_line, predict_args, tiny_checkpoints
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -16,15 +16,7 @@ def ckpt(tmp_path_factory):
     return tiny_checkpoints(tmp_path_factory.mktemp("ckpt"))
 
 
-def _fails(capsys, args, out, *expected):
-    from vcloud.cli import main
-
-    assert main(args) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    for text in expected:
-        assert text in err, err
-    assert not out.exists(), sorted(out.rglob("*"))
+_fails = fails_in_one_line
 
 
 def test_bad_store_checkpoint_config_and_dates_are_one_line(tiny_store, ckpt, tmp_path, capsys):
