@@ -529,7 +529,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="train from the start: set latest.pt aside as latest.<id>.pt (kept) instead of resuming (docs/resume.md)",
     )
-    _add_checkpoint_flags(p, sorted({n for s in STAGES for n in s.upstream}), "stages that build on it")
+    _add_checkpoint_flags(
+        p, sorted({n for s in STAGES for n in (*s.upstream, s.init_from) if n is not None}), "stages that build on it"
+    )
     p.add_argument("--wind-cache", type=Path, help="wind-scanner cache (when stage1.model.wind_scan)")
     _add_env_flag(p)
     p.set_defaults(func=_cmd_train)

@@ -41,6 +41,9 @@ class Stage:
     # Its best checkpoint is chosen (and guarded) on the natural-cloud protocols of the val split
     # too (train/stages.py natural_val): its hash then holds the evaluation keys they read.
     validates_natural: bool = False
+    # A stage whose weights start this one's when the config's `<name>.init_from_stage<k>` is on:
+    # then its best.pt is an input of this stage's training and its identity is in this hash.
+    init_from: int | None = None
 
     @property
     def model_section(self) -> str:
@@ -60,10 +63,17 @@ class Stage:
     def evaluate_rule(self) -> str:
         return f"evaluate_{self.name}"
 
+    def builds_on(self, cfg) -> tuple[int, ...]:
+        """The stages whose best.pt its training reads under `cfg`: `upstream`, and `init_from`
+        when the config turns that on."""
+        if self.init_from is not None and getattr(getattr(cfg, self.name), f"init_from_stage{self.init_from}"):
+            return (*self.upstream, self.init_from)
+        return self.upstream
+
     def build(self, cfg, *, train, val, checkpoints: dict, wind=None, device=None):
-        """The stage's training task; `checkpoints` maps upstream stage numbers to best.pt."""
+        """The stage's training task; `checkpoints` maps the stages it builds on to best.pt."""
         kwargs = {"train": train, "val": val}
-        kwargs.update({f"stage{n}_ckpt": checkpoints[n] for n in self.upstream})
+        kwargs.update({f"stage{n}_ckpt": checkpoints[n] for n in self.builds_on(cfg)})
         if self.reads_wind:
             kwargs["wind"] = wind
         if self.needs_device:
@@ -74,9 +84,9 @@ class Stage:
         """batch -> (B, 13, H, W) prediction; `checkpoints` maps stage numbers to best.pt."""
         return resolve(self.predictor)(cfg, {n: checkpoints[n] for n in self.predictor_needs}, wind)
 
-    def upstream_checkpoints(self, checkpoints: dict) -> dict:
+    def upstream_checkpoints(self, checkpoints: dict, cfg) -> dict:
         """{n: best.pt} of the stages its training builds on; ConfigError naming a missing one."""
-        return require_checkpoints(self.upstream, checkpoints, command=f"vcloud train --stage {self.number}")
+        return require_checkpoints(self.builds_on(cfg), checkpoints, command=f"vcloud train --stage {self.number}")
 
 
 _BUILDERS = "vcloud.train.stages"
@@ -88,10 +98,11 @@ STAGES: tuple[Stage, ...] = (
     # stage 0: autoencoder of clear S2 images; scored on reconstructing the ground truth
     Stage(0, upstream=(), predictor_needs=(0,), reads_wind=False,
           builder=f"{_BUILDERS}:stage0", predictor=f"{_PREDICTORS}:autoencoder"),
-    # stage 1: CFDT draft over T dates
+    # stage 1: CFDT draft over T dates; its per-date encoder's first level starts from stage 0's
+    # autoencoder when stage1.init_from_stage0 (both shipped configs)
     Stage(1, upstream=(), predictor_needs=(1,), reads_wind=True,
           builder=f"{_BUILDERS}:stage1", predictor=f"{_PREDICTORS}:draft", needs_device=True,
-          viewer_label="stage 1 draft", validates_natural=True),
+          viewer_label="stage 1 draft", validates_natural=True, init_from=0),
     # stage 2: pixel-space diffusion refiner of the frozen stage-1 draft (stage 0 not used)
     Stage(2, upstream=(1,), predictor_needs=(1, 2), reads_wind=True,
           builder=f"{_BUILDERS}:stage2", predictor=f"{_PREDICTORS}:refined", needs_device=True,

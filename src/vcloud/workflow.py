@@ -19,29 +19,27 @@ from vcloud.registry import STAGES, get_stage
 # --- stage inputs (the registry says which checkpoints) --------------------------------------
 
 
-def train_inputs(stage: int, *, train: str, val: str, checkpoint_path: Callable[[int], str],
+def train_inputs(stage: int, model_set, *, train: str, val: str, checkpoint_path: Callable[[int], str],
                  wind_cache: str | None) -> dict[str, str]:  # fmt: skip
-    """train_stage<n>'s inputs: split stores, upstream best.pt, and the wind cache when the stage
-    reads it and `wind_cache` is given (stage1.model.wind_scan on)."""
+    """train_stage<n>'s inputs: split stores, the best.pt of the stages it builds on under
+    `model_set` (registry Stage.builds_on), and the wind cache when the stage reads it and
+    `wind_cache` is given (stage1.model.wind_scan on)."""
     spec = get_stage(stage)
     inputs = {"train": train, "val": val}
-    inputs.update({f"stage{n}": checkpoint_path(n) for n in spec.upstream})
+    inputs.update({f"stage{n}": checkpoint_path(n) for n in spec.builds_on(model_set)})
     if spec.reads_wind and wind_cache:
         inputs["wind_cache"] = wind_cache
     return inputs
 
 
 def train_priority(stage: int) -> int:
-    """Snakemake priority of train_stage<n>: 1 for a side branch (a stage that builds on none and
-    that no other stage or predictor reads, stage 0), else 0. Started first, a side branch's
-    evaluation is ready with the others and fills a core beside them instead of running alone
-    after the main chain (measured on 2 cores: train_stage0 then evaluate_stage0 ran last, the
-    evaluation on one core)."""
+    """Snakemake priority of train_stage<n>: 1 for a stage that builds on no other (stage 0), else
+    0. Where stage 1 starts from it (stage1.init_from_stage0) it heads the chain, so it starts
+    first; where no stage reads it, it is a side branch, and started first its evaluation is ready
+    with the others and fills a core beside them instead of running alone after the main chain
+    (measured on 2 cores: train_stage0 then evaluate_stage0 ran last, the evaluation on one core)."""
     spec = get_stage(stage)
-    read_by_others = any(
-        stage in other.upstream or stage in other.predictor_needs for other in STAGES if other.number != stage
-    )
-    return int(not spec.upstream and not read_by_others)
+    return int(not spec.upstream and spec.init_from is None)
 
 
 def evaluate_inputs(stage: int, *, store: str, checkpoint_path: Callable[[int], str],

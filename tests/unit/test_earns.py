@@ -258,3 +258,50 @@ def test_natural_clouds_lay_a_cloudy_dates_cloud_on_a_clear_target(tiny_store, s
     if clear.any():
         torch.testing.assert_close(item["x"][slot, S2_CHANNELS][:, clear], item["target"][:, clear])
     assert not torch.allclose(item["x"][slot, S2_CHANNELS], item["target"])
+
+
+def test_stage0_weights_reach_stage1(tiny_store, tmp_path):
+    import dataclasses
+
+    """Stage 1 (stage1.init_from_stage0) starts its per-date encoder's first level from stage 0's
+    best.pt: the stem's S2 channels and the level-0 blocks are the autoencoder's, the rest is not."""
+    import yaml
+
+    from tests.workflow.snakemake_run import ROOT
+    from vcloud.config import load_model_config
+    from vcloud.models.autoencoder import Autoencoder
+    from vcloud.registry import get_stage
+    from vcloud.train.checkpoint import checkpoint_meta, save_checkpoint
+
+    models = yaml.safe_load((ROOT / "tests/workflow/tiny_models.yaml").read_text())
+    models["stage1"]["model"]["wind_scan"] = False
+    (tmp_path / "models.yaml").write_text(yaml.safe_dump(models))
+    cfg = load_model_config(tmp_path / "models.yaml")
+    torch.manual_seed(1)
+    ae = Autoencoder(cfg.stage0.model).state_dict()
+    save_checkpoint(tmp_path / "stage0.pt", {**checkpoint_meta(stage=0, config_hash="t"), "model": ae})
+    torch.manual_seed(0)
+    task = get_stage(1).build(
+        cfg, train=tiny_store, val=tiny_store, checkpoints={0: tmp_path / "stage0.pt"}, device="cpu"
+    )
+    pyramid = task.model.encoder.pyramid
+    torch.testing.assert_close(pyramid.stem.weight[:, S2_CHANNELS], ae["encoder.0.weight"], rtol=0, atol=0)
+    torch.testing.assert_close(pyramid.stem.bias, ae["encoder.0.bias"], rtol=0, atol=0)
+    for name, value in pyramid.levels[0].state_dict().items():
+        block, _, rest = name.partition(".")
+        torch.testing.assert_close(value, ae[f"encoder.{int(block) + 1}.{rest}"], rtol=0, atol=0)
+    # the rest keeps the initialisation it has without stage 0
+    off = dataclasses.replace(cfg, stage1=dataclasses.replace(cfg.stage1, init_from_stage0=False))
+    torch.manual_seed(0)
+    plain = get_stage(1).build(off, train=tiny_store, val=tiny_store, checkpoints={}, device="cpu").model
+    mine = task.model.state_dict()
+    for name, value in plain.state_dict().items():
+        if name.startswith(("encoder.pyramid.stem.", "encoder.pyramid.levels.0.")):
+            continue
+        torch.testing.assert_close(mine[name], value, rtol=0, atol=0, msg=name)
+    s1_and_cloud = slice(S2_CHANNELS.stop, None)
+    torch.testing.assert_close(pyramid.stem.weight[:, s1_and_cloud], plain.encoder.pyramid.stem.weight[:, s1_and_cloud])
+    # another stage's file is refused in one line
+    save_checkpoint(tmp_path / "stage2.pt", {**checkpoint_meta(stage=2, config_hash="t"), "model": ae})
+    with pytest.raises(Exception, match=r"stage2.pt: checkpoint of stage 2, expected stage 0$"):
+        get_stage(1).build(cfg, train=tiny_store, val=tiny_store, checkpoints={0: tmp_path / "stage2.pt"}, device="cpu")

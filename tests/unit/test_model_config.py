@@ -140,8 +140,9 @@ def test_the_hash_of_an_unchanged_config_is_stable(tmp_path):
 
 
 @pytest.mark.parametrize(("edit", "reruns"), [
-    # Stage 2 refines in pixel space: the autoencoder is upstream of nothing.
-    (lambda d: d["stage0"]["model"].update(latent_channels=d["stage0"]["model"]["latent_channels"] + 1), {0}),
+    # Stage 1 starts from the autoencoder (stage1.init_from_stage0): it is upstream of every stage...
+    (lambda d: d["stage0"]["model"].update(latent_channels=d["stage0"]["model"]["latent_channels"] + 1), {0, 1, 2, 3}),
+    (lambda d: d["stage1"].update(init_from_stage0=False), {1, 2, 3}),
     (lambda d: d["stage2"]["model"].update(ensemble=2), {2, 3}),
     (lambda d: d["stage1"]["model"].update(gate_width=d["stage1"]["model"]["gate_width"] * 2), {1, 2, 3}),
     (lambda d: d["stage2"]["model"].update(sample_steps=d["stage2"]["model"]["sample_steps"] + 1), {2, 3}),
@@ -149,7 +150,7 @@ def test_the_hash_of_an_unchanged_config_is_stable(tmp_path):
     # A stage's whole identity is upstream of its dependants, training settings included: other
     # stage-1 weights make stages 2 and 3 other experiments (docs/resume.md).
     (lambda d: d["stage1"]["train"].update(lr=d["stage1"]["train"]["lr"] * 2), {1, 2, 3}),
-    (lambda d: d["stage0"]["train"].update(epochs=d["stage0"]["train"]["epochs"] + 1), {0}),
+    (lambda d: d["stage0"]["train"].update(epochs=d["stage0"]["train"]["epochs"] + 1), {0, 1, 2, 3}),
     (lambda d: d["stage1"]["curriculum"].update(all_from=1.0), {1, 2, 3}),
     (lambda d: d["stage2"]["train"].update(lr=d["stage2"]["train"]["lr"] * 2), {2, 3}),
     # Data settings feed every stage.
@@ -171,6 +172,30 @@ def test_what_a_change_reruns(tmp_path, edit, reruns):
     assert changed(tmp_path, edit) == reruns
 
 
+def test_without_init_from_stage0_the_autoencoder_is_upstream_of_nothing(tmp_path):
+    # stage 2 refines in pixel space: only stage 1's start reads stage 0
+    def off(d):
+        d["stage1"]["init_from_stage0"] = False
+
+    base = small()
+    off(base)
+    before = hashes(base, tmp_path)
+    base["stage0"]["model"]["latent_channels"] += 1
+    assert [a != b for a, b in zip(before, hashes(base, tmp_path))] == [True, False, False, False]
+
+
+def test_init_from_stage0_needs_first_levels_that_match(tmp_path):
+    data = small()
+    data["stage0"]["model"]["widths"] = [24, 32]
+    with pytest.raises(
+        ConfigError,
+        match=r": key stage1.init_from_stage0: stage0.model's first level \(width 24, 1 blocks\) must equal stage1.model's \(width 16, 1 blocks\)$",
+    ):
+        load_model_config(write(tmp_path, data))
+    data["stage1"]["init_from_stage0"] = False
+    assert load_model_config(write(tmp_path, data)).stage0.model.widths == (24, 32)
+
+
 def test_stage_config_dict_holds_data_its_section_and_upstream_models_only():
     cfg = load_model_config(SMALL)
     picked = stage_config_dict(cfg, 3)
@@ -184,6 +209,6 @@ def test_stage_config_dict_holds_data_its_section_and_upstream_models_only():
     }  # no stage 0: stage 2 refines pixels
     assert set(picked["upstream"]) == {"stage1", "stage2"}  # their whole identities (hashes)
     assert set(picked["stage1"]) == {"model"} and "tensorboard" not in picked["stage3"]["train"]
-    assert set(stage_config_dict(cfg, 1)) == {"data", "stage1", "validation"}
+    assert set(stage_config_dict(cfg, 1)) == {"data", "stage0", "stage1", "upstream", "validation"}
     with pytest.raises(ConfigError, match="no stage 7"):
         stage_config_dict(cfg, 7)

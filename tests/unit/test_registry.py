@@ -1,5 +1,6 @@
 """The stage registry: a consistent declaration per stage, and everything else reads it."""
 
+import dataclasses
 import inspect
 
 import pytest
@@ -14,6 +15,7 @@ def test_stages_are_numbered_in_order_and_build_only_on_earlier_stages():
     assert STAGE_NUMBERS == tuple(range(len(STAGES)))
     for stage in STAGES:
         assert all(n < stage.number for n in stage.upstream), stage
+        assert stage.init_from is None or stage.init_from < stage.number, stage
         # A predictor reads finished stages only: this one and those it was trained on.
         assert set(stage.predictor_needs) <= {stage.number, *stage.upstream}, stage
         assert stage.name == f"stage{stage.number}" and stage.train_rule == f"train_stage{stage.number}"
@@ -25,7 +27,8 @@ def test_every_stage_has_a_config_section_a_builder_and_a_predictor():
         assert stage.name in sections
         builder = inspect.signature(resolve(stage.builder))
         # The builder takes exactly what Stage.build passes.
-        wanted = {"train", "val", *(f"stage{n}_ckpt" for n in stage.upstream)}
+        starts = () if stage.init_from is None else (stage.init_from,)
+        wanted = {"train", "val", *(f"stage{n}_ckpt" for n in (*stage.upstream, *starts))}
         wanted |= {"wind"} if stage.reads_wind else set()
         wanted |= {"device"} if stage.needs_device else set()
         assert set(list(builder.parameters)[1:]) == wanted, stage
@@ -36,7 +39,7 @@ def test_unknown_stage_and_missing_checkpoints_are_one_line():
     with pytest.raises(ConfigError, match=r"^no stage 4 \(stages: 0, 1, 2, 3\)$"):
         get_stage(4)
     with pytest.raises(ConfigError, match=r"^vcloud train --stage 3 needs --stage1 and --stage2 CHECKPOINT$"):
-        get_stage(3).upstream_checkpoints({0: "a.pt"})
+        get_stage(3).upstream_checkpoints({0: "a.pt"}, None)
     assert require_checkpoints((0, 1), {0: "a", 1: "b", 3: "c"}, command="x") == {0: "a", 1: "b"}
 
 
@@ -44,12 +47,15 @@ def fake_path(n):
     return f"R/stage{n}/best.pt"
 
 
+@pytest.mark.parametrize("init", [True, False])
 @pytest.mark.parametrize("wind", [None, "W.npz"])
-def test_workflow_inputs_follow_the_registry(wind):
+def test_workflow_inputs_follow_the_registry(wind, init, small):
+    cfg = dataclasses.replace(small, stage1=dataclasses.replace(small.stage1, init_from_stage0=init))
     for stage in STAGES:
-        train = logic.train_inputs(stage.number, train="T", val="V", checkpoint_path=fake_path, wind_cache=wind)
+        train = logic.train_inputs(stage.number, cfg, train="T", val="V", checkpoint_path=fake_path, wind_cache=wind)
+        starts = (stage.init_from,) if init and stage.init_from is not None else ()
         assert {k: v for k, v in train.items() if k.startswith("stage")} == {
-            f"stage{n}": fake_path(n) for n in stage.upstream
+            f"stage{n}": fake_path(n) for n in (*stage.upstream, *starts)
         }
         assert ("wind_cache" in train) == bool(wind and stage.reads_wind)
         evaluate = logic.evaluate_inputs(stage.number, store="S", checkpoint_path=fake_path, wind_cache=wind)
@@ -60,7 +66,17 @@ def test_workflow_inputs_follow_the_registry(wind):
     assert sorted(k for k in viewer if k.startswith("stage")) == ["stage1", "stage2", "stage3"]
 
 
-def test_only_a_side_branch_stage_trains_first():
+def test_stage1_builds_on_stage0_only_where_the_config_says(small):
+    assert small.stage1.init_from_stage0  # the shipped default
+    assert get_stage(1).builds_on(small) == (0,)
+    off = dataclasses.replace(small, stage1=dataclasses.replace(small.stage1, init_from_stage0=False))
+    assert get_stage(1).builds_on(off) == ()
+    with pytest.raises(ConfigError, match=r"^vcloud train --stage 1 needs --stage0 CHECKPOINT$"):
+        get_stage(1).upstream_checkpoints({}, small)
+    assert get_stage(1).upstream_checkpoints({}, off) == {}
+
+
+def test_only_the_stage_heading_a_chain_trains_first():
     assert [logic.train_priority(stage.number) for stage in STAGES] == [1, 0, 0, 0]
 
 

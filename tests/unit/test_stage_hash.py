@@ -37,13 +37,17 @@ def test_a_change_two_stages_up_changes_the_key_through_the_stage_between(tmp_pa
     assert _hash(tmp_path, 3, lambda d: d["stage1"]["model"].update(gate_width=d["stage1"]["model"]["gate_width"] * 2)) != base  # fmt: skip
     assert _hash(tmp_path, 3, lambda d: d["stage1"]["train"].update(seed=d["stage1"]["train"]["seed"] + 1)) != base
     assert _hash(tmp_path, 3, lambda d: d["stage2"]["model"].update(ensemble=2)) != base
-    assert _hash(tmp_path, 3, lambda d: d["stage0"]["train"].update(seed=7)) == base  # not upstream
+    assert _hash(tmp_path, 3, lambda d: d["stage0"]["train"].update(seed=7)) != base  # stage 1 starts from it
+    assert _hash(tmp_path, 3, lambda d: d["stage3"]["train"].update(tensorboard=False)) == base  # not learnt
 
 
 def test_a_first_stage_hashes_its_own_settings_and_what_it_is_selected_on():
     cfg = load_model_config(SMALL)
-    # stage 1 builds on nothing; its best checkpoint is chosen on the natural-cloud protocols too
-    assert set(stage_config_dict(cfg, 1)) == {"data", "stage1", "validation"}
+    # stage 1 starts from stage 0 (init_from_stage0); its best checkpoint is chosen on the
+    # natural-cloud protocols too
+    assert set(stage_config_dict(cfg, 1)) == {"data", "stage0", "stage1", "upstream", "validation"}
+    off = dataclasses.replace(cfg, stage1=dataclasses.replace(cfg.stage1, init_from_stage0=False))
+    assert set(stage_config_dict(off, 1)) == {"data", "stage1", "validation"}
     assert set(stage_config_dict(cfg, 0)) == {"data", "stage0"}  # the autoencoder validates on its own
     assert stage_hash(cfg, 1) == config_hash(stage_config_dict(cfg, 1))
 

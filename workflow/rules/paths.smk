@@ -50,6 +50,7 @@ def get_train_input(stage):
     """Split stores, the best.pt of every stage this one builds on, and the wind cache."""
     return logic.train_inputs(
         stage,
+        MODEL_SET,
         train=get_split_store("train"),
         val=get_split_store("val"),
         checkpoint_path=get_checkpoint,

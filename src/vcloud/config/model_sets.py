@@ -237,6 +237,9 @@ class Stage1Config:
     model: CFDTConfig
     train: TrainConfig
     curriculum: Curriculum = Curriculum()
+    # Start the per-date encoder's first level (stem S2 weights and level-0 blocks) from stage 0's
+    # autoencoder (registry: stage 1 then builds on stage 0). Measured in docs/training.md.
+    init_from_stage0: bool = False
 
 
 @dataclass(frozen=True)
@@ -269,6 +272,16 @@ class ModelSetConfig:
     stage2: Stage2Config
     stage3: Stage3Config
     evaluation: EvaluationConfig = EvaluationConfig()
+
+    def __post_init__(self) -> None:
+        if self.stage1.init_from_stage0:
+            ae, cfdt = self.stage0.model, self.stage1.model
+            if (ae.widths[0], ae.blocks_per_level) != (cfdt.widths[0], cfdt.blocks_per_level):
+                raise ValueError(
+                    f"stage1.init_from_stage0: stage0.model's first level (width {ae.widths[0]}, "
+                    f"{ae.blocks_per_level} blocks) must equal stage1.model's (width {cfdt.widths[0]}, "
+                    f"{cfdt.blocks_per_level} blocks)"
+                )
 
 
 def load_model_config(path: Path) -> ModelSetConfig:

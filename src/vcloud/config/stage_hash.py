@@ -1,7 +1,8 @@
 """The stage hash: what a stage depends on, so what reruns when a setting changes.
 
 A stage depends on the data section, its own section and, transitively, the whole identity
-of every stage it builds on (registry.STAGES `upstream`): stage 3's hash holds the hashes of
+of every stage it builds on (registry.STAGES `upstream`, and `init_from` when the config turns
+it on): stage 3's hash holds the hashes of
 stages 1 and 2, and stage 2's holds stage 1's. The workflow passes it as a rule parameter:
 changing stage 3's settings reruns stage 3 only, any stage-1 setting reruns stages 1, 2 and 3.
 The trainer adds the digests of the upstream weights (known only at run time) to make the
@@ -31,12 +32,13 @@ def stage_config_dict(cfg: ModelSetConfig, stage: int) -> dict:
     for key in NOT_HASHED_TRAIN_KEYS:
         full[spec.name].get("train", {}).pop(key, None)
     picked = {"data": full["data"], spec.name: full[spec.name]}
-    for upstream in spec.upstream:
+    builds_on = spec.builds_on(cfg)
+    for upstream in builds_on:
         picked[f"stage{upstream}"] = {"model": full[f"stage{upstream}"].get("model")}
     if spec.validates_natural:
         picked["validation"] = {key: _lookup(full["evaluation"], key) for key in NATURAL_VALIDATION_KEYS}
-    if spec.upstream:  # absent for a first stage: its hash is what it was before (resumable)
-        picked["upstream"] = {f"stage{n}": stage_hash(cfg, n) for n in spec.upstream}
+    if builds_on:  # absent for a first stage: its hash is what it was before (resumable)
+        picked["upstream"] = {f"stage{n}": stage_hash(cfg, n) for n in builds_on}
     return picked
 
 

@@ -40,7 +40,7 @@ from einops import rearrange
 from torch import nn
 
 from vcloud.config import CFDTConfig, Optimisations
-from vcloud.constants import CLOUD_CHANNEL, OUTPUT_CHANNELS, SAMPLE_CHANNELS
+from vcloud.constants import CLOUD_CHANNEL, OUTPUT_CHANNELS, S2_CHANNELS, SAMPLE_CHANNELS
 from vcloud.models.blocks import (
     Downsample,
     LayerNorm,
@@ -352,6 +352,29 @@ class CFDT(nn.Module):
         with torch.no_grad():
             self.decoder.head[-1].weight.mul_(0.1)
             self.decoder.head[-1].bias.zero_()
+
+    @torch.no_grad()
+    def start_from_autoencoder(self, autoencoder: dict[str, torch.Tensor]) -> int:
+        """Copy a stage-0 autoencoder's first level (its stem's weights, the S2 input channels of
+        this stem, and its level-0 residual blocks) into the per-date encoder; the tensors copied.
+
+        Both first levels must have the same width and block count (config ModelSetConfig checks
+        it); the stem's S1 and cloud channels keep their initialisation."""
+        pyramid = self.encoder.pyramid
+        stem_w, stem_b = autoencoder["encoder.0.weight"], autoencoder["encoder.0.bias"]
+        assert stem_w.shape[1] == len(range(*S2_CHANNELS.indices(self.in_channels))), (
+            f"autoencoder stem takes {stem_w.shape[1]} channels, expected the S2 bands"
+        )
+        pyramid.stem.weight[:, S2_CHANNELS].copy_(stem_w)
+        pyramid.stem.bias.copy_(stem_b)
+        copied = 2
+        for index, block in enumerate(pyramid.levels[0]):  # encoder.1 .. encoder.<blocks>
+            prefix = f"encoder.{index + 1}."
+            own = block.state_dict()
+            for name in own:
+                own[name].copy_(autoencoder[prefix + name])
+                copied += 1
+        return copied
 
     def set_wind_orders(
         self, orders: torch.Tensor, inverse: torch.Tensor, *, grid: tuple[int, int] | None = None

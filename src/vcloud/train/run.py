@@ -40,7 +40,7 @@ def run_training(
 
     spec = get_stage(stage)
     cfg = load_model_config(config_path)
-    upstream = spec.upstream_checkpoints(checkpoints or {})
+    upstream = spec.upstream_checkpoints(checkpoints or {}, cfg)
     upstream_weights = {n: ckpt.weights_digest(path) for n, path in upstream.items()}
     env = distributed.detect()
     # Before any collective: every rank reads the same file, or every rank fails here alone

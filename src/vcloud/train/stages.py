@@ -168,13 +168,19 @@ def stage0(cfg: ModelSetConfig, *, train: Path, val: Path) -> StageTask:
 
 
 def stage1(
-    cfg: ModelSetConfig, *, train: Path, val: Path, wind: WindCache | None = None, device: str = "cpu"
-) -> StageTask:
+    cfg: ModelSetConfig, *, train: Path, val: Path, wind: WindCache | None = None, device: str = "cpu",
+    stage0_ckpt: Path | None = None,
+) -> StageTask:  # fmt: skip
+    """stage0_ckpt (given when stage1.init_from_stage0): the autoencoder whose first level starts
+    the per-date encoder's."""
     t = cfg.stage1.train
     train_set = _cloudy(
         cfg, train, train=True, stage_epochs=t.epochs, device=device, samples_per_epoch=t.samples_per_epoch
     )
     model = install_wind_orders(CFDT(cfg.stage1.model), wind)
+    if stage0_ckpt is not None:
+        copied = model.start_from_autoencoder(load_stage_weights(stage0_ckpt, stage=0))
+        log.info("stage 1 starts its encoder's first level from %s (%d tensors)", stage0_ckpt, copied)
 
     def loss(m, batch):
         return F.l1_loss(cfdt_draft(m, batch), batch["target"])
