@@ -1,4 +1,5 @@
-"""Checkpoints: atomic writes, pickle-free loads, RNG state, the resume rule and stop signals.
+"""Checkpoints: atomic writes, pickle-free loads, RNG state, the resume rule, the Checkpointer
+(one object that owns a stage's save, load and resume decision) and stop signals.
 
 A checkpoint is one dict saved with torch.save and read back with
 torch.load(weights_only=True), so nothing we write needs pickle to load. Layout:
@@ -34,9 +35,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vcloud.errors import BadInputError
+from vcloud.errors import BadInputError, VcloudError
 from vcloud.io import atomic_open, provenance
 from vcloud.io import remove_leftover_temps as _remove_temps
+from vcloud.train import distributed, records
 from vcloud.weights import FORMAT_VERSION, load_checkpoint
 
 log = logging.getLogger(__name__)
@@ -269,6 +271,207 @@ def remove_leftover_temps(folder: Path) -> list[Path]:
     if removed:
         log.info("removed %d leftover temp file(s) of killed writes in %s", len(removed), folder)
     return removed
+
+
+# --- the checkpointer --------------------------------------------------------------------------
+
+
+class Checkpointer:
+    """Owns a stage's checkpoints: save, load and the resume decision (torchtitan's checkpointer).
+
+    It holds what a checkpoint is made of - the model, optimizer and scheduler, the RNG states
+    and the loop's own state (`train_state`: anything with state_dict() / load_state_dict(), the
+    Trainer: epoch, step, best value and epoch, metrics rows, an interrupted epoch's sums) - and
+    the files of one output folder:
+
+    - latest.pt: THE record of the stage (save()); the best weights ride along, so a best.pt that
+      snakemake deleted is re-created, never retrained;
+    - best.pt: the best weights (keep_best(), write_best());
+    - metrics.jsonl and TensorBoard: views of the rows in latest.pt (write_views(), sync()).
+
+    load() applies the resume rule (resume_decision: fresh, set aside, or resume) and restores
+    everything; under DDP only rank 0 (`main`) writes, every rank reads.
+    """
+
+    def __init__(
+        self,
+        *,
+        stage: int,
+        out_dir: Path,
+        model: torch.nn.Module,
+        optimizer,
+        scheduler,
+        train_state,
+        config: dict,
+        config_hash: str,
+        resume_key: str | None = None,
+        resume_dir: Path | None = None,
+        fresh: bool = False,
+        main: bool = True,
+        tensorboard: bool = False,
+        best_metric: str = "psnr",
+    ) -> None:
+        self.stage, self.out_dir = stage, Path(out_dir)
+        self.latest = Path(resume_dir or out_dir) / "latest.pt"
+        self.best = self.out_dir / "best.pt"
+        self.metrics_path = self.out_dir / "metrics.jsonl"
+        self.model, self.optimizer, self.scheduler, self.train_state = model, optimizer, scheduler, train_state
+        self.config, self.config_hash = config, config_hash
+        self.resume_key, self.fresh, self.main = resume_key or config_hash, fresh, main
+        self.use_tensorboard, self.best_metric = tensorboard, best_metric
+        self.best_weights: dict | None = None  # a CPU copy of the best weights (rank 0)
+        self.tensorboard = None  # records.TensorBoardLog once sync() ran with tensorboard on
+
+    def meta(self) -> dict:
+        return checkpoint_meta(stage=self.stage, config_hash=self.config_hash, resume_key=self.resume_key)
+
+    def remove_leftover_temps(self) -> None:
+        """Temp files of killed writes in the output (and resume) folder; rank 0, under the lock."""
+        if self.main:
+            for folder in {self.out_dir, self.latest.parent}:
+                if folder.is_dir():
+                    remove_leftover_temps(folder)
+
+    # --- save ----------------------------------------------------------------------------
+    def state(self, *, finished: bool = False, partial: dict | None = None) -> dict:
+        """latest.pt's content: weights, optimizer, scheduler, RNG, the loop's state, best weights."""
+        loop = self.train_state.state_dict()
+        # When the best is the model saved here anyway (improved in the epoch just ended), a None
+        # avoids a second copy.
+        best_is_model = loop["step_in_epoch"] == 0 and loop["best_epoch"] == loop["epoch"] - 1
+        return {
+            **self.meta(),
+            "config": self.config,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": capture_rng_state(),
+            **loop,
+            "best_model": None if best_is_model or self.best_weights is None else self.best_weights,
+            "partial_epoch": partial,
+            "finished": finished,
+        }
+
+    def save(self, *, finished: bool = False, partial: dict | None = None) -> None:
+        """Commit latest.pt (rank 0, atomic); every rank waits for it."""
+        if self.main:
+            save_checkpoint(self.latest, self.state(finished=finished, partial=partial))
+        distributed.barrier()
+
+    def keep_best(self) -> None:
+        """The model's weights now are the best: keep a CPU copy (rank 0) for best.pt and latest.pt."""
+        if self.main:
+            self.best_weights = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def write_best(self) -> None:
+        """best.pt from the kept best weights (rank 0); the same bytes of weights every time."""
+        if not self.main:
+            return
+        loop = self.train_state.state_dict()
+        save_checkpoint(self.best, {**self.meta(), "config": self.config, "model": self.best_weights,
+                                    "epoch": loop["best_epoch"] + 1, "best_value": loop["best_value"],
+                                    "best_metric": self.best_metric})  # fmt: skip
+
+    def write_views(self, record: dict) -> None:
+        """metrics.jsonl from the loop's rows and `record` in TensorBoard (rank 0)."""
+        if self.main:
+            records.write_metrics(self.metrics_path, self.train_state.state_dict()["metrics_rows"])
+            if self.tensorboard is not None:
+                self.tensorboard.add(record)
+
+    def commit_epoch(self, record: dict, *, finished: bool, improved: bool) -> None:
+        """Commit an epoch so that a kill between any two writes loses none of it.
+
+        1. latest.pt (atomic rename): THE commit - epoch, `finished`, the best weights and the
+           metrics rows. A kill before it redoes the epoch; after it, nothing is trained again.
+        2. best.pt, when improved (or deleted under us by snakemake): a view of the commit.
+        3. metrics.jsonl and TensorBoard: views of the rows.
+        A resumed run re-creates a missing or stale best.pt and metrics.jsonl (sync()).
+        """
+        self.save(finished=finished)
+        has_best = self.train_state.state_dict()["best_epoch"] is not None
+        if self.main and (improved or (has_best and not self.best.exists())):
+            self.write_best()
+        self.write_views(record)
+
+    # --- load ----------------------------------------------------------------------------
+    def load(self) -> bool:
+        """Resume from latest.pt when the resume rule says so (resume_decision); True when the
+        stage already finished. A fresh start removes this folder's best.pt and metrics.jsonl (a
+        fresh run's are its own). Either way the views are then made to agree (sync())."""
+        decision = resume_decision(self.latest, self.best, self.resume_key, stage=self.stage, fresh=self.fresh,
+                                   may_write=self.main)  # fmt: skip
+        if decision == "fresh":
+            if self.main:
+                self.metrics_path.unlink(missing_ok=True)
+                self.best.unlink(missing_ok=True)
+            self.sync()
+            return False
+        state = load_checkpoint(self.latest)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        restore_rng_state(state["rng"])
+        if state.get("metrics_rows") is None:  # a latest.pt of vcloud <= 0.1.0: rows from the file
+            state["metrics_rows"] = [r for r in records.read_metrics(self.metrics_path)
+                                     if r.get("epoch", float("inf")) < state["epoch"]]  # fmt: skip
+        self._restore_best(state)
+        self.train_state.load_state_dict(state)
+        log.info("stage %d: resuming from %s at epoch %d step %d", self.stage, self.latest, state["epoch"],
+                 state["step_in_epoch"])  # fmt: skip
+        self.sync()
+        return bool(state["finished"])
+
+    def _restore_best(self, state: dict) -> None:
+        """The best weights and epoch of `state` (vcloud <= 0.1.0 kept them in best.pt only)."""
+        if "best_epoch" in state:
+            weights = state["best_model"]
+            if weights is None and state["best_epoch"] is not None:
+                weights = state["model"]  # the best was the model of this very checkpoint
+        elif self.best.exists():
+            saved = load_checkpoint(self.best)
+            state["best_epoch"], weights = saved["epoch"] - 1, saved["model"]
+        else:
+            state["best_epoch"], weights, state["best_value"] = None, None, -float("inf")
+        self.best_weights = weights if self.main else None
+
+    def sync(self) -> None:
+        """Make best.pt, metrics.jsonl and TensorBoard agree with the committed state (rank 0).
+
+        Each is a view of latest.pt: a kill between the commit and its write, or a best.pt
+        deleted by snakemake, is repaired here; an intact one is left as it is.
+        """
+        if not self.main:
+            return
+        loop = self.train_state.state_dict()
+        if loop["best_epoch"] is None:
+            # Not from any committed epoch (stage 2's epoch -1 best, written before the first
+            # commit, or a best.pt of vcloud <= 0.1 ahead of its commit): redone, decided again.
+            if self.best.exists():
+                self.best.unlink()
+        elif not self._best_matches(loop):
+            log.info("stage %d: re-creating %s (best of epoch %d) from %s", self.stage, self.best,
+                     loop["best_epoch"], self.latest)  # fmt: skip
+            self.write_best()
+        if records.read_metrics(self.metrics_path) != loop["metrics_rows"]:
+            records.write_metrics(self.metrics_path, loop["metrics_rows"])
+        if self.use_tensorboard:
+            self.tensorboard = records.TensorBoardLog(self.out_dir, stage=self.stage)
+            for row in loop["metrics_rows"]:
+                self.tensorboard.add(row)
+
+    def _best_matches(self, loop: dict) -> bool:
+        if not self.best.exists():
+            return False
+        try:
+            saved = load_checkpoint(self.best, mmap=True)
+        except VcloudError:
+            return False
+        return saved.get("epoch") == loop["best_epoch"] + 1 and saved.get("best_value") == loop["best_value"]
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
 
 # --- stop signals ---------------------------------------------------------------------------

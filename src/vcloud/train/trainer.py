@@ -8,6 +8,8 @@ everything the LUMI field reports taught us to get right once:
 - one run per output folder (train/lock.py); leftover temp files of killed writes removed;
 - a stage's identity (resume key: settings, upstream identities and upstream weights) in every
   checkpoint; a latest.pt of another identity, or any with `fresh`, is set aside, never resumed;
+- checkpoints through one object, checkpoint.Checkpointer (save, load, the resume decision);
+  the loop's own state (epoch, step, best, rows) is its state_dict(), saved beside the weights;
 - latest.pt every epoch and at the next step boundary after SIGTERM/SIGUSR1 (then exit so
   SLURM can requeue), best.pt on validation improvement, both atomic; resume restores model,
   optimizer, scheduler, RNG states, curriculum position (the epoch) and data order (the
@@ -160,11 +162,6 @@ class Trainer:
         self.task, self.cfg, self.data_cfg = task, train_cfg, data_cfg
         self.step_threads = step_threads
         self.out_dir = Path(out_dir)
-        self.latest = Path(resume_dir or out_dir) / "latest.pt"
-        self.best = self.out_dir / "best.pt"
-        self.metrics_path = self.out_dir / "metrics.jsonl"
-        self.config_hash, self.config = config_hash, config
-        self.resume_key, self.fresh = resume_key or config_hash, fresh
         self.env, self.device = env, device
         self.main = dist_utils.is_main(env)
         self.progress = progress and self.main
@@ -184,10 +181,15 @@ class Trainer:
         self.scheduler = optim.build_scheduler(self.optimizer, total_steps=total_steps)
         self.epoch, self.step_in_epoch, self.best_value = 0, 0, -math.inf
         self.best_epoch: int | None = None  # epoch whose weights are best.pt
-        self.best_weights: dict | None = None  # their CPU copy (rank 0), saved in latest.pt too
         self.rows: list[dict] = []  # one metrics row per finished epoch (also in latest.pt)
         self.partial: dict | None = None  # running sums of an epoch interrupted by a stop
-        self.tensorboard: records.TensorBoardLog | None = None
+        # Save, load and the resume decision: latest.pt, best.pt and their views.
+        self.checkpointer = ckpt.Checkpointer(
+            stage=task.stage, out_dir=self.out_dir, resume_dir=resume_dir, model=self.model,
+            optimizer=self.optimizer, scheduler=self.scheduler, train_state=self, config=config,
+            config_hash=config_hash, resume_key=resume_key, fresh=fresh, main=self.main,
+            tensorboard=train_cfg.tensorboard, best_metric=task.best_metric,
+        )  # fmt: skip
         # Built once: with persistent workers they (and their open stores) live across epochs.
         self.train_loader = self._loader(task.train_set, self.sampler)
         self.val_loader = None  # the first of val_loaders, None when there is none
@@ -198,132 +200,22 @@ class Trainer:
             self.val_loaders[name] = self._loader(Indexed(dataset), val_sampler)
         self.val_loader = next(iter(self.val_loaders.values()), None)
 
-    # --- state -------------------------------------------------------------------------
-    def _state(self, *, finished: bool = False, partial: dict | None = None) -> dict:
-        # The best weights ride along, so a best.pt that snakemake deleted (it removes the
-        # output of an interrupted job) can be re-created. When the best is the model saved
-        # here anyway (improved in the epoch just ended), a None avoids a second copy.
-        best_is_model = self.step_in_epoch == 0 and self.best_epoch == self.epoch - 1
+    # --- state (what the checkpointer saves beside the weights) ----------------------
+    def state_dict(self) -> dict:
+        """The loop's own state: where it is, the best so far and the metrics rows."""
         return {
-            **self._meta(),
-            "config": self.config,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "rng": ckpt.capture_rng_state(),
             "epoch": self.epoch,
             "step_in_epoch": self.step_in_epoch,
             "best_value": self.best_value,
             "best_epoch": self.best_epoch,
-            "best_model": None if best_is_model or self.best_weights is None else self.best_weights,
             "metrics_rows": self.rows,
-            "partial_epoch": partial,
-            "finished": finished,
         }
 
-    def _meta(self) -> dict:
-        return ckpt.checkpoint_meta(stage=self.task.stage, config_hash=self.config_hash, resume_key=self.resume_key)
-
-    def _save_latest(self, *, finished: bool = False, partial: dict | None = None) -> None:
-        if self.main:
-            ckpt.save_checkpoint(self.latest, self._state(finished=finished, partial=partial))
-        dist_utils.barrier()
-
-    def _write_best(self) -> None:
-        """best.pt from the kept best weights (rank 0); the same bytes of weights every time."""
-        state = {
-            **self._meta(),
-            "config": self.config,
-            "model": self.best_weights,
-            "epoch": self.best_epoch + 1,
-            "best_value": self.best_value,
-            "best_metric": self.task.best_metric,
-        }
-        ckpt.save_checkpoint(self.best, state)
-
-    def _sync_outputs(self) -> None:
-        """Make best.pt, metrics.jsonl and TensorBoard agree with the committed state (rank 0).
-
-        Each is a view of latest.pt: a kill between the commit and its write, or a best.pt
-        deleted by snakemake, is repaired here; an intact one is left as it is.
-        """
-        if not self.main:
-            return
-        if self.best_epoch is None:
-            # Not from any committed epoch (stage 2's epoch -1 best, written before the first
-            # commit, or a best.pt of vcloud <= 0.1 ahead of its commit): redone, decided again.
-            if self.best.exists():
-                self.best.unlink()
-        elif not self._best_matches():
-            log.info(
-                "stage %d: re-creating %s (best of epoch %d) from %s",
-                self.task.stage,
-                self.best,
-                self.best_epoch,
-                self.latest,
-            )
-            self._write_best()
-        if records.read_metrics(self.metrics_path) != self.rows:
-            records.write_metrics(self.metrics_path, self.rows)
-        if self.cfg.tensorboard:
-            self.tensorboard = records.TensorBoardLog(self.out_dir, stage=self.task.stage)
-            for row in self.rows:
-                self.tensorboard.add(row)
-
-    def _best_matches(self) -> bool:
-        if not self.best.exists():
-            return False
-        try:
-            saved = ckpt.load_checkpoint(self.best, mmap=True)
-        except VcloudError:
-            return False
-        return saved.get("epoch") == self.best_epoch + 1 and saved.get("best_value") == self.best_value
-
-    def _resume(self) -> bool:
-        """Load latest.pt if the rules say so; True when the stage already finished."""
-        decision = ckpt.resume_decision(
-            self.latest, self.best, self.resume_key, stage=self.task.stage, fresh=self.fresh, may_write=self.main
-        )
-        if decision == "fresh":
-            if self.main:
-                self.metrics_path.unlink(missing_ok=True)
-                self.best.unlink(missing_ok=True)  # a fresh run's best.pt is its own
-            self._sync_outputs()
-            return False
-        state = ckpt.load_checkpoint(self.latest)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        ckpt.restore_rng_state(state["rng"])
+    def load_state_dict(self, state: dict) -> None:
         self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
-        self.best_value = state["best_value"]
+        self.best_value, self.best_epoch = state["best_value"], state["best_epoch"]
+        self.rows = state["metrics_rows"]
         self.partial = state.get("partial_epoch")
-        self.rows = state.get("metrics_rows")
-        if self.rows is None:  # a latest.pt of vcloud <= 0.1.0: rows from the file
-            self.rows = [r for r in records.read_metrics(self.metrics_path) if r.get("epoch", math.inf) < self.epoch]
-        self._restore_best(state)
-        log.info(
-            "stage %d: resuming from %s at epoch %d step %d",
-            self.task.stage,
-            self.latest,
-            self.epoch,
-            self.step_in_epoch,
-        )
-        self._sync_outputs()
-        return bool(state["finished"])
-
-    def _restore_best(self, state: dict) -> None:
-        if "best_epoch" in state:
-            self.best_epoch = state["best_epoch"]
-            weights = state["best_model"]
-            if weights is None and self.best_epoch is not None:
-                weights = state["model"]  # the best was the model of this very checkpoint
-        elif self.best.exists():  # vcloud <= 0.1.0 kept the best weights in best.pt only
-            saved = ckpt.load_checkpoint(self.best)
-            self.best_epoch, weights = saved["epoch"] - 1, saved["model"]
-        else:
-            self.best_epoch, weights, self.best_value = None, None, -math.inf
-        self.best_weights = weights if self.main else None
 
     # --- loop --------------------------------------------------------------------------
     def fit(self) -> dict:
@@ -340,19 +232,16 @@ class Trainer:
         try:
             return self._fit()
         finally:
-            if self.tensorboard is not None:
-                self.tensorboard.close()
+            self.checkpointer.close()
             lock.release()
 
     def _fit(self) -> dict:
+        self.checkpointer.remove_leftover_temps()
         if self.main:
-            for folder in {self.out_dir, self.latest.parent}:
-                if folder.is_dir():
-                    ckpt.remove_leftover_temps(folder)
             for name, content in self.task.artifacts.items():
                 (self.out_dir / f"{name}.json").write_text(json.dumps(content, indent=1))
-        if self._resume():
-            log.info("stage %d already finished (%s); nothing to do", self.task.stage, self.latest)
+        if self.checkpointer.load():
+            log.info("stage %d already finished (%s); nothing to do", self.task.stage, self.checkpointer.latest)
             return {"finished": True, "best_value": self.best_value}
         # Without a validation set there is nothing to compare with: the last epoch is best as usual.
         if self.task.validate_initial and self.val_loader is not None and self.epoch == 0 and self.step_in_epoch == 0:
@@ -373,16 +262,13 @@ class Trainer:
         record = {"epoch": -1, **self._validate()}
         value = self._selection_value(record)
         self.best_value, self.best_epoch = value, -1
-        if self.main:
-            self.best_weights = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
-            self._write_best()
+        self.checkpointer.keep_best()
+        self.checkpointer.write_best()
         record["best"] = True
         self._finish_record(record)
         self.rows = [r for r in self.rows if r.get("epoch") != -1] + [record]
+        self.checkpointer.write_views(record)
         if self.main:
-            records.write_metrics(self.metrics_path, self.rows)
-            if self.tensorboard is not None:
-                self.tensorboard.add(record)
             log.info(
                 "stage %d before training: val_%s %.4f (the value to beat)",
                 self.task.stage,
@@ -391,35 +277,21 @@ class Trainer:
             )
 
     def _end_epoch(self, record: dict) -> None:
-        """Commit an epoch so that a kill between any two writes loses none of it.
-
-        1. latest.pt (atomic rename): THE commit - epoch, `finished`, the best weights and the
-           metrics rows. A kill before it redoes the epoch; after it, nothing is trained again.
-        2. best.pt, when improved (or deleted under us by snakemake): a view of the commit.
-        3. metrics.jsonl and TensorBoard: views of the rows.
-        A resumed run re-creates a missing or stale best.pt and metrics.jsonl from latest.pt
-        (_sync_outputs), finished or not.
-        """
+        """Judge the epoch, then commit it (Checkpointer.commit_epoch: latest.pt, then its views)."""
         value = self._selection_value(record)
         passes = self._passes_guard(record)  # judged (and kept in the row) on every epoch
         improved = value > self.best_value and passes
         if improved:
             self.best_value, self.best_epoch = value, self.epoch
-            if self.main:
-                self.best_weights = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+            self.checkpointer.keep_best()
         record["best"] = improved
         self._finish_record(record)
         self.rows.append(record)
         self.epoch += 1
         self.step_in_epoch = 0
         self.partial = None
-        self._save_latest(finished=self.epoch >= self.cfg.epochs)
-        if self.main and (improved or (self.best_epoch is not None and not self.best.exists())):
-            self._write_best()
+        self.checkpointer.commit_epoch(record, finished=self.epoch >= self.cfg.epochs, improved=improved)
         if self.main:
-            records.write_metrics(self.metrics_path, self.rows)
-            if self.tensorboard is not None:
-                self.tensorboard.add(record)
             shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in record.items()
                      if k not in ("wall_time", "val_per_sample")}  # fmt: skip
             log.info("stage %d epoch %d: %s", self.task.stage, record["epoch"], shown)
@@ -480,10 +352,9 @@ class Trainer:
             with self._autocast():
                 loss = self.task.loss(self.ddp_model, batch)
             if not torch.isfinite(loss.detach()).all():
+                latest = self.checkpointer.latest
                 kept = (
-                    f"the last good checkpoint {self.latest} is kept"
-                    if self.latest.exists()
-                    else "no checkpoint was written yet"
+                    f"the last good checkpoint {latest} is kept" if latest.exists() else "no checkpoint was written yet"
                 )
                 raise TrainingDiverged(
                     f"stage {self.task.stage}, epoch {self.epoch}, step {self.step_in_epoch}: loss is "
@@ -506,10 +377,10 @@ class Trainer:
             if dist_utils.any_rank(stop.requested, self.device):
                 bar.close()
                 elapsed = before + time.perf_counter() - start
-                self._save_latest(partial=self._gather_partial(loss_sum, steps, samples, wait, elapsed))
+                self.checkpointer.save(partial=self._gather_partial(loss_sum, steps, samples, wait, elapsed))
                 raise StopRequested(
                     f"stage {self.task.stage}: {stop.signal_name} at epoch {self.epoch} step "
-                    f"{self.step_in_epoch}; wrote {self.latest}, rerun to resume"
+                    f"{self.step_in_epoch}; wrote {self.checkpointer.latest}, rerun to resume"
                 )
             fetch_start = time.perf_counter()
         bar.close()
