@@ -219,6 +219,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> None:
             samples=args.samples,
             uncrtaints_pairs=args.uncrtaints_pairs,
             fixed_protocol=args.fixed_protocol,
+            without_s1=args.without_s1,
         )
 
 
@@ -553,6 +554,12 @@ def build_parser() -> argparse.ArgumentParser:
         "JSON conversion; overrides evaluation.uncrtaints.pairs of --config",
     )
     p.add_argument("--fixed-protocol", type=Path, metavar="PATH", help=FIXED_PROTOCOL_HELP)
+    p.add_argument(
+        "--without-s1",
+        action="store_true",
+        help="remove S1 from every date of every sample, marked missing as in a store without S1: what a user "
+        "without S1 gets (docs/evaluation.md)",
+    )
     _add_env_flag(p)
     p.set_defaults(func=_cmd_evaluate)
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from vcloud.config import ModelSetConfig
-from vcloud.constants import CLOUD_CLASSES, S2_CHANNELS
+from vcloud.constants import CLOUD_CLASSES, S1_VALID_CHANNEL, S2_CHANNELS
 from vcloud.models.cfdt import CFDT
 from vcloud.models.refiner import DiffusionSchedule, Refiner, ddim_sample, refiner_condition
 from vcloud.weights import load_frozen
@@ -81,6 +81,12 @@ def observed_target(batch: dict) -> torch.Tensor:
     return batch["x"][rows, batch["target_index"].to(rows.device), S2_CHANNELS]
 
 
+def target_s1_valid(batch: dict) -> torch.Tensor:
+    """Whether the target date has S1, as x says it (its S1 validity channel): (B, 1, H, W)."""
+    rows = torch.arange(batch["x"].shape[0], device=batch["x"].device)
+    return batch["x"][rows, batch["target_index"].to(rows.device), S1_VALID_CHANNEL][:, None]
+
+
 class RefinerPipeline(nn.Module):
     """The frozen stage-1 CFDT around the trainable pixel-space refiner.
 
@@ -111,10 +117,10 @@ class RefinerPipeline(nn.Module):
 
     @torch.no_grad()
     def condition(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the frozen CFDT's draft (B, 13, H, W) float32, refiner condition (B, 43, H, W))."""
+        """(the frozen CFDT's draft (B, 13, H, W) float32, refiner condition (B, 44, H, W))."""
         draft = cfdt_draft(self.cfdt, batch).float()
         cond = refiner_condition(
-            draft, observed_target(batch), batch["target_s1"], batch["target_prob"],
+            draft, observed_target(batch), batch["target_s1"], batch["target_prob"], s1_valid=target_s1_valid(batch),
             spectrum=self.refiner.cloud_spectrum, scale=self.refiner.residual_scale,
         )  # fmt: skip
         return draft, cond
@@ -161,7 +167,7 @@ class RefinerPipeline(nn.Module):
             torch.randn(one, generator=torch.Generator(device=cond.device).manual_seed(int(s)), device=cond.device)
             for s in seeds
         ])  # fmt: skip
-        cond = cond.repeat(len(seeds) * draws, 1, 1, 1)  # (S * draws * B, 43, H, W), like the noise
+        cond = cond.repeat(len(seeds) * draws, 1, 1, 1)  # (S * draws * B, 44, H, W), like the noise
         residual = ddim_sample(
             self.refiner, cond, steps=steps, generator=None, shape=tuple(noise.shape), schedule=self.schedule,
             noise=noise,

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from vcloud.config import Optimisations, load_model_config
+from vcloud.constants import SAMPLE_CHANNELS
 from vcloud.models import memory
 from vcloud.models.cfdt import CFDT
 
@@ -43,7 +44,7 @@ def model(small):
 
 def real_batch(size: int):
     g = torch.Generator().manual_seed(0)
-    x = torch.rand(B, T, 16, size, size, generator=g)
+    x = torch.rand(B, T, SAMPLE_CHANNELS, size, size, generator=g)
     days = torch.linspace(-150.0, 150.0, T).expand(B, T).contiguous()
     target_index = torch.full((B,), T // 2, dtype=torch.long)
     target = torch.rand(B, 13, size, size, generator=g)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from vcloud.config import Optimisations, load_model_config
+from vcloud.constants import CLOUD_CHANNEL, SAMPLE_CHANNELS
 from vcloud.models.autoencoder import Autoencoder
 from vcloud.models.cfdt import CFDT
 from vcloud.models.refiner import (
@@ -37,7 +38,7 @@ def full():
 
 def cfdt_batch(*, b: int = B, t: int = T, size: int = SIZE, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    x = torch.rand(b, t, 16, size, size, generator=g)  # (B, T, 16, H, W) on the 0..1 scale
+    x = torch.rand(b, t, SAMPLE_CHANNELS, size, size, generator=g)  # (B, T, 17, H, W) on the 0..1 scale
     days = torch.linspace(-120.0, 90.0, t).expand(b, t).contiguous()  # (B, T)
     target_index = torch.tensor([1, t - 1, 0, 2][:b])  # (B,) a different target per sample
     return x, days, target_index
@@ -99,14 +100,17 @@ def test_refiner_shapes_and_condition(small):
     s1 = torch.full((B, 2, SIZE, SIZE), 0.25)
     cloud = torch.rand(B, SIZE, SIZE)
     spectrum, scale = torch.full((13,), 0.5), torch.full((13,), 0.02)
-    cond = refiner_condition(draft, observed, s1, cloud, spectrum=spectrum, scale=scale)
-    assert cond.shape == (B, CONDITION_CHANNELS, SIZE, SIZE) == (B, 43, SIZE, SIZE)
+    s1_valid = torch.tensor([True, False])  # the second target date has no S1: zeros, flagged 0
+    cond = refiner_condition(draft, observed, s1, cloud, s1_valid=s1_valid, spectrum=spectrum, scale=scale)
+    assert cond.shape == (B, CONDITION_CHANNELS, SIZE, SIZE) == (B, 44, SIZE, SIZE)
     torch.testing.assert_close(cond[:, :13], draft)
     torch.testing.assert_close(cond[:, 13:26], observed)
-    torch.testing.assert_close(cond[:, 26:28], s1)
-    torch.testing.assert_close(cond[:, 28], cloud)
+    torch.testing.assert_close(cond[0, 26:28], s1[0])
+    assert not cond[1, 26:28].any()
+    assert cond[0, 28].eq(1).all() and cond[1, 28].eq(0).all()
+    torch.testing.assert_close(cond[:, 29], cloud)
     estimate, opacity = unmix_cloud(observed, draft, spectrum)
-    torch.testing.assert_close(cond[:, 29:42], (estimate - draft) / 0.02)  # in residual units
+    torch.testing.assert_close(cond[:, 30:43], (estimate - draft) / 0.02)  # in residual units
     torch.testing.assert_close(cond[:, OPACITY_CHANNEL : OPACITY_CHANNEL + 1], opacity)
     r0 = model(torch.randn(B, 13, SIZE, SIZE), torch.tensor([0, 999]), cond)
     assert r0.shape == (B, 13, SIZE, SIZE)
@@ -150,7 +154,7 @@ def outputs_of_every_model(small, *, autocast: bool = False):
     z = torch.randn(B, 13, 16, 16)
     cond = refiner_condition(
         torch.rand(B, 13, 16, 16), torch.rand(B, 13, 16, 16), torch.rand(B, 2, 16, 16), torch.rand(B, 1, 16, 16),
-        spectrum=torch.full((13,), 0.5), scale=torch.full((13,), 0.02),
+        s1_valid=torch.ones(B, dtype=torch.bool), spectrum=torch.full((13,), 0.5), scale=torch.full((13,), 0.02),
     )  # fmt: skip
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         yield "autoencoder", autoencoder, autoencoder(x[:, 0, :13])
@@ -227,10 +231,10 @@ def smooth_batch(size: int):
     """Per-date constants plus one gentle wave across the image: a smooth gate input."""
     g = torch.Generator().manual_seed(3)
     yy, xx = torch.meshgrid(torch.linspace(0, 1, size), torch.linspace(0, 1, size), indexing="ij")
-    base = torch.rand(B, T, 16, 1, 1, generator=g)
-    phase = 2 * math.pi * torch.rand(B, T, 16, 1, 1, generator=g)
+    base = torch.rand(B, T, SAMPLE_CHANNELS, 1, 1, generator=g)
+    phase = 2 * math.pi * torch.rand(B, T, SAMPLE_CHANNELS, 1, 1, generator=g)
     x = (base + 0.3 * torch.sin(2 * math.pi * xx + phase) * torch.cos(math.pi * yy)).clamp(0, 1)
-    return x, base.expand(B, T, 16, size, size)
+    return x, base.expand(B, T, SAMPLE_CHANNELS, size, size)
 
 
 def test_reduced_resolution_gate_is_close_for_a_smooth_gate(small):
@@ -369,11 +373,11 @@ def test_wind_cfdt_on_a_crop_mixes_along_the_window_orders(small):
 
 
 def _dates(values, probs, size=8):
-    """x (1, T, 16, size, size): date t's S2 bands all `values[t]`, its cloud probability `probs[t]`."""
-    x = torch.zeros(1, len(values), 16, size, size)
+    """x (1, T, 17, size, size): date t's S2 bands all `values[t]`, its cloud probability `probs[t]`."""
+    x = torch.zeros(1, len(values), SAMPLE_CHANNELS, size, size)
     for t, (value, prob) in enumerate(zip(values, probs)):
         x[0, t, :13] = value
-        x[0, t, -1] = prob
+        x[0, t, CLOUD_CHANNEL] = prob
     return x
 
 

@@ -2,15 +2,16 @@
 
 import torch
 
+from vcloud.constants import CLOUD_CHANNEL, SAMPLE_CHANNELS
 from vcloud.evaluation.nearest_clear import nearest_clear, nearest_clear_index
 
 
 def _sample(covers, days, *, prob=0.9):
     """One sample of T dates, 1 x 20 pixels: date t has S2 value t / 10 and covers[t] * 20 cloudy pixels."""
-    x = torch.zeros(1, len(covers), 16, 1, 20)
+    x = torch.zeros(1, len(covers), SAMPLE_CHANNELS, 1, 20)
     for t, cover in enumerate(covers):
         x[0, t, :13] = t / 10
-        x[0, t, 15, 0, : round(cover * 20)] = prob
+        x[0, t, CLOUD_CHANNEL, 0, : round(cover * 20)] = prob
     return x, torch.tensor([days], dtype=torch.float32)
 
 
@@ -42,7 +43,7 @@ def test_threshold_decides_what_counts_as_clear():
 def test_falls_back_to_the_least_cloudy_date():
     x, days = _sample([0.5, 1.0, 0.3, 0.6], [-5, 0, 30, 2])
     assert nearest_clear_index(x, torch.tensor([1]), days).tolist() == [2]  # lowest mean probability
-    x[0, 2, 15] += 0.5  # now date 2's mean probability is the highest of the others
+    x[0, 2, CLOUD_CHANNEL] += 0.5  # now date 2's mean probability is the highest of the others
     assert nearest_clear_index(x, torch.tensor([1]), days).tolist() == [0]
 
 

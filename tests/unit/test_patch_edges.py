@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vcloud.constants import SAMPLE_CHANNELS
 from vcloud.models.autoencoder import Autoencoder
 from vcloud.models.blocks import ReplicateConv2d, replicate_pad
 from vcloud.models.cfdt import CFDT
@@ -105,7 +106,7 @@ def test_cfdt_keeps_a_constant_image_constant(small, sector):
     cache = compute_cache(grid_h=grid, grid_w=grid, sectors=8)
     model.set_wind_orders(torch.from_numpy(cache.orders), torch.from_numpy(cache.inverse))
     b, t = 2, 4
-    x = constant_image(b, t * 16, seed=2).view(b, t, 16, SIZE, SIZE)  # (B, T, 16, H, W)
+    x = constant_image(b, t * SAMPLE_CHANNELS, seed=2).view(b, t, SAMPLE_CHANNELS, SIZE, SIZE)  # (B, T, 17, H, W)
     days = torch.tensor([[-40.0, 0.0, 25.0, 60.0], [-10.0, 5.0, 30.0, 0.0]])
     target = torch.tensor([1, 3])
     sectors = None if sector is None else torch.tensor([sector, sector + 2])

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from vcloud.constants import CLOUD_CHANNEL, CLOUD_CLASSES, S1_CHANNELS, S2_CHANNELS, SAMPLE_CHANNELS
+from vcloud.constants import CLOUD_CHANNEL, CLOUD_CLASSES, S1_CHANNELS, S1_VALID_CHANNEL, S2_CHANNELS, SAMPLE_CHANNELS
 from vcloud.data import cloudsim
 from vcloud.data.samples import ClearImages, CloudySamples, EpochSampler, UnlabelledSamples, _pick_dates
 
@@ -58,7 +58,7 @@ def test_samples_are_a_function_of_the_index(tiny_store):
         assert torch.equal(a[key], b[key]) or torch.isnan(a[key]).all() and torch.isnan(b[key]).all(), key
     assert not torch.equal(ds[7]["x"], ds[8]["x"])
     item = ds[0]
-    assert item["x"].shape == (3, 16, 16, 16) and item["target"].shape == (13, 16, 16)
+    assert item["x"].shape == (3, SAMPLE_CHANNELS, 16, 16) and item["target"].shape == (13, 16, 16)
     t = int(item["target_index"])
     assert item["days"][t] == 0 and torch.all(item["days"][1:] >= item["days"][:-1])
     assert not torch.equal(item["x"][t, S2_CHANNELS], item["target"])  # the cloud is on the input only
@@ -242,7 +242,8 @@ def test_detected_probability_of_a_stored_image_is_its_stored_probability(tiny_s
 
 @pytest.mark.parametrize("raw", [False, True])
 def test_sample_tensor_layout_is_the_named_channel_slices(tiny_store, raw):
-    """x[:, S2_CHANNELS] is the store's S2, S1_CHANNELS its S1, CLOUD_CHANNEL the probability."""
+    """x[:, S2_CHANNELS] is the store's S2, S1_CHANNELS its S1, S1_VALID_CHANNEL whether the date has
+    S1, CLOUD_CHANNEL the probability."""
     from torch.utils.data import default_collate
 
     from vcloud.data.samples import finish_batch
@@ -251,7 +252,9 @@ def test_sample_tensor_layout_is_the_named_channel_slices(tiny_store, raw):
     ds = CloudySamples(tiny_store, dates=3, length=4, seed=2, clear_max_cover=1.01, kinds=("thick",), raw=raw)
     batch = finish_batch(default_collate([ds[i] for i in range(4)]))
     x = batch["x"]
-    assert x.shape[2] == SAMPLE_CHANNELS == 16
+    assert x.shape[2] == SAMPLE_CHANNELS == 17
+    assert (S2_CHANNELS.stop, S1_CHANNELS.stop, S1_VALID_CHANNEL, CLOUD_CHANNEL) == (13, 15, 15, 16)
+    assert x[:, :, S1_VALID_CHANNEL].eq(1).all()  # the tiny store has S1 at every date
     rows = torch.arange(len(x))
     slot = batch["target_index"]
     torch.testing.assert_close(x[rows, slot][:, S1_CHANNELS], batch["target_s1"])

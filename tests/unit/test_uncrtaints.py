@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from vcloud.constants import SAMPLE_CHANNELS
 from vcloud.data.store import open_store, write_locations
 from vcloud.errors import BadInputError
 from vcloud.evaluation.uncrtaints import (
@@ -153,7 +154,7 @@ def test_items_carry_the_selected_images(hand_store):
     location, target, inputs, slot = ds.items[1].location, ds.items[1].target, ds.items[1].inputs, ds.items[1].slot
     item = ds[1]
     sample = ds.reader.read(location, [*inputs, target])
-    assert item["x"].shape == (3, 16, 32, 32)
+    assert item["x"].shape == (3, SAMPLE_CHANNELS, 32, 32)
     np.testing.assert_array_equal(item["x"][:, :13].numpy(), sample.s2[:3])
     np.testing.assert_array_equal(item["target"].numpy(), sample.s2[3])
     assert int(item["target_index"]) == slot == 2

@@ -36,9 +36,15 @@ class DataConfig:
     # default: measured on the default data it costs 1-3 dB where the date is not the truth's
     # (fixed protocol's undetected thin cloud, reference protocol's other date; docs/training.md).
     keep_seen_max_prob: float | None = None
+    # Training (stages 1-3): the probability that a date's S1 is removed from a sample, each date on
+    # its own, marked missing as a date without S1 is (data/samples.py), so that the models know
+    # imagery without S1. 0: never (the samples drawn before this key existed).
+    s1_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         _check_positive(self, ("input_dates", "prefetch_factor"))
+        if not 0.0 <= self.s1_dropout <= 1.0:
+            raise ValueError(f"s1_dropout: {self.s1_dropout} is outside [0, 1]")
         if self.keep_seen_max_prob is not None and not 0.0 < self.keep_seen_max_prob <= 1.0:
             raise ValueError(f"keep_seen_max_prob: {self.keep_seen_max_prob} is outside (0, 1]")
         _check_positive(self, ("crop", "samples_per_epoch", "val_samples"), optional=True)

@@ -20,9 +20,12 @@ which a wind-scanning model picks its scan sector.
 
 Dates without S1, short series. A date counts as usable when its S2 image is valid, with or
 without S1. Where S1 is missing its channels are zeros (normalised; the clip floor in dB for raw
-samples) and every sample of T dates says so: `s1_valid` (T,) bool and `target_s1_valid` ()
-bool (the target slot's), in every sampler here and in evaluation/protocols.py and
-evaluation/uncrtaints.py, so batches of any of them collate. A location with fewer usable dates
+samples), the model is told so in x's S1 validity channel (constants.S1_VALID_CHANNEL: 0), and
+every sample of T dates says so: `s1_valid` (T,) bool and `target_s1_valid` () bool (the target
+slot's), in every sampler here and in evaluation/protocols.py and evaluation/uncrtaints.py, so
+batches of any of them collate. Training removes S1 from dates at random (CloudySamples'
+`s1_dropout`, config data.s1_dropout) so that the models know the case; `WithoutS1` removes it
+from every date (vcloud evaluate --without-s1). Both mark a date exactly as a missing S1 is. A location with fewer usable dates
 than T repeats dates (drawn with replacement, in time order) to fill the T slots; a location with
 a single usable date is no clear target for CloudySamples (its other slots would show the
 ground truth), and a location without any S2 date is of no use to any sampler: both are counted
@@ -52,7 +55,16 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from vcloud.constants import CLEAR_MAX_COVER, CLOUD_CLASSES, S1_CLIP_DB, S2_CLIP, S2_SCALE, S2CLOUDLESS_KWARGS
+from vcloud.constants import (
+    CLEAR_MAX_COVER,
+    CLOUD_CLASSES,
+    S1_CHANNELS,
+    S1_CLIP_DB,
+    S1_VALID_CHANNEL,
+    S2_CLIP,
+    S2_SCALE,
+    S2CLOUDLESS_KWARGS,
+)
 from vcloud.data import cloudsim
 from vcloud.data.cloud_trees import detected_levels
 from vcloud.data.clouds import cloud_probability
@@ -174,9 +186,15 @@ class CloudySamples(_StoreSamples):
         raw: bool = False,
         detect: str = "worker",
         clear_share: float = 0.0,
+        s1_dropout: float = 0.0,
     ):
         """clear_share (training, kinds None): the share of samples whose target date gets no
-        synthetic cloud (kind "clear"); 0 draws exactly the samples it drew before it existed."""
+        synthetic cloud (kind "clear"); 0 draws exactly the samples it drew before it existed.
+        s1_dropout: the probability that a date's S1 is removed (marked missing, as a date without
+        S1 is), each date on its own, drawn from a generator of its own: 0 draws exactly the
+        samples it drew before it existed."""
+        if not 0.0 <= s1_dropout <= 1.0:
+            raise ValueError(f"CloudySamples s1_dropout={s1_dropout}: expected a probability in 0..1")
         if detect not in DETECT_ON:
             raise ValueError(f"CloudySamples detect={detect!r}: expected one of {', '.join(DETECT_ON)}")
         if detect == "device" and not raw:
@@ -196,6 +214,7 @@ class CloudySamples(_StoreSamples):
         self.mixed_from, self.all_from = mixed_from, all_from
         self.kinds = kinds  # fixed kinds (evaluation); None = the curriculum's
         self.clear_share = clear_share
+        self.s1_dropout = s1_dropout
         self._detected: dict[int, np.ndarray] = {}  # fixed kinds: index -> detected target probability
         # Fixed kinds detected in the worker: the detection done once for the run, set by
         # evaluation/fixed_protocol.fixed_samples; levels(index, count) -> (count,) uint8 touched levels.
@@ -247,12 +266,21 @@ class CloudySamples(_StoreSamples):
         opacity, shadow = cloudsim.simulate(rng, s2.shape[1:], kind)
         return cloudsim.apply(normalise_s2(s2), opacity, shadow), (opacity > 0) | (shadow > 0)
 
+    def s1_valid(self, index: int, location: int, dates: list[int]) -> np.ndarray:
+        """(T,) bool: which of sample `index`'s dates have S1, after s1_dropout."""
+        valid = self.reader.valid_s1[location, dates]
+        if self.s1_dropout:
+            epoch, i = divmod(int(index), self.length)
+            dropped = np.random.default_rng((self.seed, epoch, i, 51)).random(len(dates)) < self.s1_dropout
+            valid = valid & ~dropped
+        return valid
+
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         rng, (location, target_t, dates, target_index, kind), (ys, xs) = self._draw(index)
         images = self.reader.read_raw(location, dates)
         s2 = images.s2[:, :, ys, xs]  # (T, 13, h, w) uint16
         opacity, shadow = cloudsim.simulate(rng, s2.shape[2:], kind)
-        s1_valid = self.reader.valid_s1[location, dates]  # (T,)
+        s1_valid = self.s1_valid(index, location, dates)  # (T,)
         s1 = images.s1[:, :, ys, xs]
         if not s1_valid.all():  # S1 missing: the clip floor in dB, zeros once normalised
             s1 = np.where(s1_valid[:, None, None, None], s1, np.float32(S1_CLIP_DB[0]))
@@ -356,25 +384,59 @@ def _pick_dates(rng, usable_row: np.ndarray, target_t: int, count: int) -> tuple
     return dates, dates.index(target_t)
 
 
-def stack_sample(s2, s1, prob, dates_s2, target_index, *, s1_valid=None) -> dict[str, torch.Tensor]:
-    """Normalised images of T dates -> the model's layout. s1_valid (T,) bool, when given: S1 is
-    zeroed where it is False and the item carries `s1_valid` and `target_s1_valid`."""
-    if s1_valid is not None:
-        s1_valid = np.asarray(s1_valid, dtype=bool)
-        if not s1_valid.all():
-            s1 = np.where(s1_valid[:, None, None, None], s1, np.float32(0.0))
-    x = np.concatenate([s2, s1, prob[:, None]], axis=1).astype(np.float32)  # (T, 16, H, W)
+def stack_sample(s2, s1, prob, dates_s2, target_index, *, s1_valid) -> dict[str, torch.Tensor]:
+    """Normalised images of T dates -> the model's layout. s1_valid (T,) bool: which dates have S1;
+    S1 is zeroed where it is False, x's S1 validity channel says which (constants), and the item
+    carries `s1_valid` and `target_s1_valid`."""
+    s1_valid = np.asarray(s1_valid, dtype=bool)
+    if not s1_valid.all():
+        s1 = np.where(s1_valid[:, None, None, None], s1, np.float32(0.0))
+    mask = np.broadcast_to(s1_valid[:, None, None, None], (len(s1_valid), 1, *prob.shape[1:]))
+    x = np.concatenate([s2, s1, mask, prob[:, None]], axis=1).astype(np.float32)  # (T, 17, H, W)
     item = {
         "x": torch.from_numpy(np.ascontiguousarray(x)),
         "days": _days(dates_s2, target_index),
         "target_index": torch.tensor(target_index),
         "target_s1": torch.from_numpy(np.ascontiguousarray(s1[target_index])),
         "target_prob": torch.from_numpy(np.ascontiguousarray(prob[target_index])),
+        "s1_valid": torch.from_numpy(s1_valid.copy()),  # (T,)
+        "target_s1_valid": torch.tensor(bool(s1_valid[target_index])),
     }
-    if s1_valid is not None:
-        item["s1_valid"] = torch.from_numpy(s1_valid.copy())  # (T,)
-        item["target_s1_valid"] = torch.tensor(bool(s1_valid[target_index]))
     return item
+
+
+def remove_s1(item: dict[str, torch.Tensor], absent: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One sample (either layout) with S1 removed from the dates `absent` (T,) bool: what the
+    sampler gives where the store has no S1 at those dates (stack_sample, CloudySamples)."""
+    absent = torch.as_tensor(absent, dtype=torch.bool)
+    item = dict(item)
+    valid = item["s1_valid"] & ~absent
+    slot = int(item["target_index"])
+    if "s1_raw" in item:  # the clip floor in dB, zeros once finish_batch normalises it
+        item["s1_raw"] = torch.where(valid[:, None, None, None], item["s1_raw"], torch.tensor(S1_CLIP_DB[0]))
+    else:
+        x = item["x"].clone()
+        x[~valid, S1_CHANNELS] = 0.0
+        x[:, S1_VALID_CHANNEL] = valid[:, None, None].to(x.dtype)
+        item["x"] = x
+        item["target_s1"] = x[slot, S1_CHANNELS].clone()
+    item["s1_valid"], item["target_s1_valid"] = valid, valid[slot].clone()
+    return item
+
+
+class WithoutS1(Dataset):
+    """A dataset whose samples have no S1 at any date, marked as a store without S1 marks it
+    (vcloud evaluate --without-s1: what a user without S1 gets)."""
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        item = self.dataset[index]
+        return remove_s1(item, torch.ones_like(item["s1_valid"]))
 
 
 def _days(dates_s2: np.ndarray, target_index: int) -> torch.Tensor:
@@ -402,7 +464,7 @@ def _reflectance(bits: torch.Tensor) -> torch.Tensor:
 def finish_batch(batch: dict) -> dict:
     """A `raw=True` batch -> the `raw=False` layout and values, on the batch's device.
 
-    x (B, T, 16, H, W) = 13 S2 + 2 S1 + cloud probability; the target slot holds the clouded
+    x (B, T, 17, H, W) = 13 S2 + 2 S1 + S1 validity + cloud probability; the target slot holds the clouded
     image (the cloud simulated in the worker, blended here) and the probability s2cloudless
     found on it (in the worker, or here for samples marked `detect_target`: CloudySamples(detect="device"));
     target = the clear image; target_s1 / target_prob are the target slot's S1 and
@@ -416,6 +478,9 @@ def finish_batch(batch: dict) -> dict:
     low, high = S1_CLIP_DB
     s2 = _reflectance(batch["s2_raw"])  # (B, T, 13, H, W)
     s1 = batch["s1_raw"].to(torch.float32).clamp(low, high).sub_(low).div_(high - low).nan_to_num_(nan=0.0)
+    assert "s1_valid" in batch, "a raw batch without s1_valid: the model could not be told which dates lack S1"
+    s1_valid = batch["s1_valid"].to(s2.device)[:, :, None, None, None]  # (B, T, 1, 1, 1) bool
+    s1 = s1.where(s1_valid, 0.0)
     rows = torch.arange(s2.shape[0], device=s2.device)
     slot = batch["target_index"].to(s2.device)
     truth = s2[rows, slot]  # (B, 13, H, W) the clear target, a copy
@@ -428,7 +493,7 @@ def finish_batch(batch: dict) -> dict:
         raw_prob = raw_prob.clone()
         raw_prob[rows, slot] = _detect_target(raw_prob[rows, slot], clouded, opacity, shadow)
     prob = torch.where(raw_prob == 255, 1.0, raw_prob.to(torch.float32) / CLOUD_PROB_SCALE)  # (B, T, H, W)
-    x = torch.cat([s2, s1, prob[:, :, None]], dim=2)
+    x = torch.cat([s2, s1, s1_valid.to(s2.dtype).expand(-1, -1, 1, *s2.shape[-2:]), prob[:, :, None]], dim=2)
     drop = ("s2_raw", "s1_raw", "prob_raw", "cloud_opacity", "cloud_shadow", "detect_target")
     rest = {k: v for k, v in batch.items() if k not in drop}
     return {**rest, "x": x, "target": truth, "target_s1": s1[rows, slot], "target_prob": prob[rows, slot]}

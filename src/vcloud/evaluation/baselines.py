@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from vcloud.constants import S2CLOUDLESS_KWARGS
+from vcloud.constants import CLOUD_CHANNEL, S2_CHANNELS, S2CLOUDLESS_KWARGS
 
 CLEAR_BELOW = S2CLOUDLESS_KWARGS["threshold"]
 
@@ -21,18 +21,18 @@ def _others(x: torch.Tensor, target_index: torch.Tensor) -> torch.Tensor:
 
 
 def least_cloudy(x: torch.Tensor, target_index: torch.Tensor) -> torch.Tensor:
-    """x (B, T, 16, H, W) -> (B, 13, H, W): the clearest other date's S2."""
-    cover = x[:, :, 15].mean(dim=(-2, -1))  # (B, T) mean cloud probability
+    """x (B, T, C, H, W) -> (B, 13, H, W): the clearest other date's S2."""
+    cover = x[:, :, CLOUD_CHANNEL].mean(dim=(-2, -1))  # (B, T) mean cloud probability
     cover = cover.masked_fill(~_others(x, target_index), float("inf"))
     best = cover.argmin(dim=1)  # (B,)
-    return x[torch.arange(len(x)), best, :13]
+    return x[torch.arange(len(x)), best, S2_CHANNELS]
 
 
 def median_mosaic(x: torch.Tensor, target_index: torch.Tensor) -> torch.Tensor:
-    """x (B, T, 16, H, W) -> (B, 13, H, W): per-pixel median of the other dates' clear pixels."""
-    s2 = x[:, :, :13]  # (B, T, 13, H, W)
+    """x (B, T, C, H, W) -> (B, 13, H, W): per-pixel median of the other dates' clear pixels."""
+    s2 = x[:, :, S2_CHANNELS]  # (B, T, 13, H, W)
     others = _others(x, target_index)[:, :, None, None]  # (B, T, 1, 1)
-    clear = (x[:, :, 15] < CLEAR_BELOW) & others  # (B, T, H, W)
+    clear = (x[:, :, CLOUD_CHANNEL] < CLEAR_BELOW) & others  # (B, T, H, W)
     any_clear = clear.any(dim=1, keepdim=True)  # (B, 1, H, W)
     use = torch.where(any_clear, clear, others.expand_as(clear))  # fall back to every other date
     values = s2.masked_fill(~use[:, :, None], float("nan"))

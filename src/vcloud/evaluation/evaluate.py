@@ -14,6 +14,10 @@ The fixed protocol's s2cloudless detection on the clouded targets is read from t
 `vcloud fixed-protocol` when one is given (`--fixed-protocol`, evaluation/fixed_protocol.py; the
 workflow makes it once for every stage), else done here; the numbers are the same.
 
+With `without_s1` (vcloud evaluate --without-s1) every date of every sample has its S1 removed,
+marked missing exactly as in a store without S1 (data/samples.WithoutS1): what a user without S1
+gets; the report says so (`without_s1`).
+
 A store on which protocol uncrtaints has no sample (fewer dates than T, no location of the
 region) is still evaluated: that protocol is reported as not run, with the reason. A bad
 pairing file stops the evaluation with one line.
@@ -27,6 +31,7 @@ from pathlib import Path
 import torch
 
 from vcloud.config import ModelSetConfig, load_model_config
+from vcloud.data.samples import WithoutS1
 from vcloud.errors import BadInputError
 from vcloud.evaluation.predict import build_predictor
 from vcloud.evaluation.protocols import EVAL_SEED, fixed_samples, reference_samples
@@ -42,9 +47,11 @@ log = logging.getLogger(__name__)
 
 def evaluate(*, stage: int, store: Path, out: Path, checkpoints: dict[int, Path], config_path: Path,
              wind_cache: Path | None = None, samples: int | None = None,
-             uncrtaints_pairs: Path | None = None, fixed_protocol: Path | None = None) -> dict:  # fmt: skip
+             uncrtaints_pairs: Path | None = None, fixed_protocol: Path | None = None,
+             without_s1: bool = False) -> dict:  # fmt: skip
     """Score stage `stage` on every protocol; `uncrtaints_pairs` overrides evaluation.uncrtaints.pairs;
-    `fixed_protocol`: the detection of `vcloud fixed-protocol` for this store and config."""
+    `fixed_protocol`: the detection of `vcloud fixed-protocol` for this store and config;
+    `without_s1`: S1 removed from every date of every sample."""
     command = f"vcloud evaluate --stage {stage}"
     needed = require_checkpoints(get_stage(stage).predictor_needs, checkpoints, command=command)
     cfg = load_model_config(config_path)
@@ -55,12 +62,13 @@ def evaluate(*, stage: int, store: Path, out: Path, checkpoints: dict[int, Path]
     uncrtaints = uncrtaints_samples(store, cfg, pairs=uncrtaints_pairs)  # a bad pairing file fails first
     fixed_set = fixed_samples(store, cfg, samples=samples, detected=fixed_protocol)  # and a bad detection file
     predict = build_predictor(stage, cfg, needed, wind)
+    samples_of = WithoutS1 if without_s1 else (lambda dataset: dataset)
     threshold = {"nearest_clear_max_cover": cfg.evaluation.nearest_clear_max_cover}
     dates = cfg.data.input_dates
     fixed = {"protocol": "fixed", "dates": dates, "region": "all", "cloud_kinds": list(EVAL_KINDS),
              "clear_max_cover": cfg.data.clear_target_max_cover, "seed": EVAL_SEED}  # fmt: skip
     protocols = {
-        "fixed": {"protocol": fixed, **score(fixed_set, predict, **threshold)},
+        "fixed": {"protocol": fixed, **score(samples_of(fixed_set), predict, **threshold)},
         "reference": {
             "protocol": {
                 "protocol": "reference",
@@ -68,19 +76,23 @@ def evaluate(*, stage: int, store: Path, out: Path, checkpoints: dict[int, Path]
                 "region": "all",
                 "truths_per_location": cfg.evaluation.reference_truths,
             },
-            **score(reference_samples(store, cfg), predict, **threshold),
+            **score(samples_of(reference_samples(store, cfg)), predict, **threshold),
         },
     }
     if isinstance(uncrtaints, UncrtaintsSamples):
-        protocols["uncrtaints"] = {"protocol": uncrtaints.describe(), **score(uncrtaints, predict, **threshold)}
+        protocols["uncrtaints"] = {
+            "protocol": uncrtaints.describe(),
+            **score(samples_of(uncrtaints), predict, **threshold),
+        }
     else:  # this store has no sample of the protocol: said, not fatal
         protocols["uncrtaints"] = {"protocol": uncrtaints_setup(cfg, pairs=uncrtaints_pairs), "samples": 0,
                                    "unavailable": uncrtaints}  # fmt: skip
-    report = {"stage": stage, "store": str(store), "config": str(config_path), "protocols": protocols}
+    report = {"stage": stage, "store": str(store), "config": str(config_path), "without_s1": without_s1,
+              "protocols": protocols}  # fmt: skip
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out, report, indent=1)
-    log.info("stage %d evaluation on %s:\n%s", stage, store, table(report))
+    log.info("stage %d evaluation on %s%s:\n%s", stage, store, " without S1" if without_s1 else "", table(report))
     return report
 
 

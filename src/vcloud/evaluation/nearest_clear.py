@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import torch
 
-from vcloud.constants import S2CLOUDLESS_KWARGS
+from vcloud.constants import CLOUD_CHANNEL, OUTPUT_CHANNELS, S2CLOUDLESS_KWARGS
 
 CLOUDY_FROM = S2CLOUDLESS_KWARGS["threshold"]
-S2_BANDS, PROB_CHANNEL = 13, 15
+S2_BANDS, PROB_CHANNEL = OUTPUT_CHANNELS, CLOUD_CHANNEL
 
 
 def nearest_clear(x: torch.Tensor, target_index: torch.Tensor, days: torch.Tensor, *,
                   clear_max_cover: float = 0.05) -> torch.Tensor:  # fmt: skip
-    """x (B, T, 16, H, W), target_index (B,), days (B, T) offsets from the target -> (B, 13, H, W)."""
+    """x (B, T, C, H, W), target_index (B,), days (B, T) offsets from the target -> (B, 13, H, W)."""
     chosen = nearest_clear_index(x, target_index, days, clear_max_cover=clear_max_cover)
     return x[torch.arange(len(x)), chosen, :S2_BANDS]
 

@@ -1,4 +1,6 @@
-"""Stage 1: the cloud-free draft transformer (CFDT) over T dates of S2 + S1 + cloud probability.
+"""Stage 1: the cloud-free draft transformer (CFDT) over T dates of S2 + S1 + S1 validity + cloud
+probability (constants: a date without S1 has zeros there and 0 in its validity channel, which the
+stem and the gate see like any other input; trained with S1 removed at random, data.s1_dropout).
 
     gate = ChangeGate(x)                          (B, T, 1, H, W), one smooth map per date
     coarsest, levels = DateEncoder(x)             (B, T, C3, H/8, W/8) for every date, and

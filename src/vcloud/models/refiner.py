@@ -5,8 +5,9 @@ band, with `scale` (a buffer saved with the weights) the residual's standard dev
 on training samples, so that r has unit variance like the noise it is mixed with. The refiner,
 a small UNet behind a pixel-unshuffle (space-to-depth by `patch`, lossless and 4x cheaper per
 level at patch 2), predicts the clean residual r0 from a noised r_t ("x0 prediction") given the
-condition (`refiner_condition`): the draft, the observed (cloudy) target date, its S1 and its
-cloud probability, all at full resolution, plus the observed date unmixed from its cloud
+condition (`refiner_condition`): the draft, the observed (cloudy) target date, its S1, whether
+the date has S1 (0: its S1 channels are zeros, not backscatter) and its cloud probability, all at
+full resolution, plus the observed date unmixed from its cloud
 (`unmix_cloud`) and the cloud opacity that unmixing implies.
 Unmixing: a cloudy pixel is modelled as ground * (1 - a) + cloud * a (the atmospheric scattering
 model of single-image dehazing, e.g. AOD-Net), with `cloud_spectrum` (a buffer saved with the
@@ -40,8 +41,9 @@ from vcloud.constants import OUTPUT_CHANNELS, S1_BANDS
 from vcloud.models.blocks import Downsample, ReplicateConv2d, ResBlock, Upsample, output_head, sinusoidal_embedding
 
 S2_BANDS = OUTPUT_CHANNELS  # what diffuses: the S2 residual, (B, 13, H, W)
-# draft, observed target date, its S1 VV/VH, cloud probability, the unmixed residual, the opacity
-CONDITION_CHANNELS = 3 * S2_BANDS + len(S1_BANDS) + 2
+# draft, observed target date, its S1 VV/VH, its S1 validity, cloud probability, the unmixed
+# residual, the opacity
+CONDITION_CHANNELS = 3 * S2_BANDS + len(S1_BANDS) + 3
 OPACITY_CHANNEL = CONDITION_CHANNELS - 1  # the last: what gates the refiner's correction
 MAX_OPACITY = 0.95  # beyond it 1 / (1 - a) amplifies noise more than it recovers ground
 
@@ -69,12 +71,14 @@ def refiner_condition(
     s1: torch.Tensor,
     cloud_prob: torch.Tensor,
     *,
+    s1_valid: torch.Tensor,
     spectrum: torch.Tensor,
     scale: torch.Tensor,
 ) -> torch.Tensor:
-    """(B, 13, H, W) x2, (B, 2, H, W), (B, 1, H, W) or (B, H, W) -> cond (B, 43, H, W).
+    """(B, 13, H, W) x2, (B, 2, H, W), (B, 1, H, W) or (B, H, W) -> cond (B, 44, H, W).
 
-    spectrum (13,): the cloud's spectrum (Refiner.cloud_spectrum); scale (13,): the residual's
+    s1_valid (B,) or (B, 1, H, W): where the target date has S1 (1) or none (0, its S1 is zeroed
+    here whatever it holds). spectrum (13,): the cloud's spectrum (Refiner.cloud_spectrum); scale (13,): the residual's
     std (Refiner.residual_scale), which the unmixed estimate's residual is divided by, like the
     residual that diffuses.
     """
@@ -89,10 +93,13 @@ def refiner_condition(
     assert cloud_prob.shape == (draft.shape[0], 1, *draft.shape[-2:]), (
         f"cloud_prob must be (B, 1, H, W) like the draft {tuple(draft.shape)}, got {tuple(cloud_prob.shape)}"
     )
+    if s1_valid.ndim == 1:
+        s1_valid = s1_valid.view(-1, 1, 1, 1)
+    s1_valid = s1_valid.to(draft.dtype).expand(draft.shape[0], 1, *draft.shape[-2:])  # (B, 1, H, W)
     estimate, opacity = unmix_cloud(observed.to(draft.dtype), draft, spectrum)
     unmixed = (estimate - draft) / scale.to(draft.dtype).view(1, -1, 1, 1)
-    parts = (draft, observed, s1, cloud_prob, unmixed, opacity)
-    return torch.cat([p.to(draft.dtype) for p in parts], dim=1)  # (B, 43, H, W)
+    parts = (draft, observed, s1.to(draft.dtype) * s1_valid, s1_valid, cloud_prob, unmixed, opacity)
+    return torch.cat([p.to(draft.dtype) for p in parts], dim=1)  # (B, 44, H, W)
 
 
 class Refiner(nn.Module):

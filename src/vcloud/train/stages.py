@@ -100,6 +100,7 @@ def _cloudy(
             store, dates=d.input_dates, length=samples_per_epoch or d.samples_per_epoch, seed=cfg.stage1.train.seed,
             crop=d.crop, clear_max_cover=d.clear_target_max_cover, epochs=stage_epochs,
             mixed_from=cur.mixed_from, all_from=cur.all_from, raw=raw, detect=detect, clear_share=clear_share,
+            s1_dropout=d.s1_dropout,
         )  # fmt: skip
     return CloudySamples(
         store, dates=d.input_dates, length=d.val_samples, seed=VAL_SEED, crop=None,
