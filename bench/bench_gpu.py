@@ -42,6 +42,7 @@ from vcloud.config import load_model_config  # noqa: E402
 from vcloud.constants import CLOUD_CLASSES, S1_BANDS, S2_BANDS  # noqa: E402
 from vcloud.models.autoencoder import Autoencoder  # noqa: E402
 from vcloud.models.cfdt import CFDT  # noqa: E402
+from vcloud.registry import STAGES
 from vcloud.train import optim  # noqa: E402
 from vcloud.train.stages import RefinerPipeline, cfdt_draft, install_wind_orders  # noqa: E402
 
@@ -196,7 +197,12 @@ def stage_figures(cfg, *, device, size, dates, batch_override, steps, warmup) ->
             figures["stage1"]["predict_one_sample_s"] = timed(
                 lambda: cfdt_draft(cfdt, one), device=device, repeats=max(2, steps // 2)
             )
-    figures["stage3"].update(refiner_steps(cfg.stage3))  # stage 3's student is the refiner
+    # Every later stage of the registry that trains a refiner (stage 3's student is the stage-2
+    # refiner: its model_section): its own batch size and lr on the refiner timed above.
+    for stage in STAGES:
+        section = getattr(cfg, stage.model_section).model
+        if stage.number > 2 and type(section).__name__ == "RefinerConfig":
+            figures.setdefault(stage.name, {}).update(refiner_steps(getattr(cfg, stage.name)))
     for fig in figures.values():
         if "step_s_median" in fig:
             fig["samples_per_s"] = round(fig["batch"] / fig["step_s_median"], 2)

@@ -32,9 +32,6 @@ from vcloud.train.stages import EVAL_KINDS
 from vcloud.wind.stage_orders import load_wind_orders
 
 TEST_SEED = 2024
-# What each stage's prediction is called in the output (stage 0 reconstructs the clear target).
-METHOD_NAMES = {0: "stage0_reconstruction_of_clear_target", 1: "stage1_draft", 2: "stage2_refined",
-                3: "stage3_self_trained"}  # fmt: skip
 
 
 def main() -> None:
@@ -44,12 +41,12 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=48)
     parser.add_argument("--store", type=Path, help="test store (default: RESULTS/prepared/test.zarr)")
     for stage in STAGES:
-        parser.add_argument(f"--{stage.name}", type=Path, help=f"best.pt (default: RESULTS/{stage.name}/best.pt)")
+        parser.add_argument(f"--{stage.name}", type=Path, help=f"best.pt (default: RESULTS/{stage.folder}/best.pt)")
     parser.add_argument("--wind-cache", type=Path, help="scan orders (default: RESULTS/wind/scan_orders.npz)")
     args = parser.parse_args()
     cfg = load_model_config(args.config)
     # Explicit paths win; the defaults are the default run's layout (the folders train_stage<n> write).
-    ckpt = {s.number: getattr(args, s.name) or args.results / s.name / "best.pt" for s in STAGES}
+    ckpt = {s.number: getattr(args, s.name) or args.results / s.folder / "best.pt" for s in STAGES}
     store = args.store or args.results / "prepared/test.zarr"
     wind = load_wind_orders(cfg, store=store, wind_cache=args.wind_cache or args.results / "wind/scan_orders.npz",
                             world_size=1, command="bench_stages.py")  # fmt: skip
@@ -64,7 +61,9 @@ def main() -> None:
     }
     for stage in sorted(STAGES, key=lambda s: (s.number == 0, s.number)):  # stage 0 last, as before
         predict = build_predictor(stage.number, cfg, ckpt, wind if stage.reads_wind else None)
-        methods[METHOD_NAMES.get(stage.number, stage.name)] = lambda b, predict=predict: predict(b).clamp(0, 1)
+        # What each stage's prediction is called: <name>_<registry label> (stage0_reconstruction_of_...).
+        name = f"{stage.name}_{stage.label.replace(' ', '_').replace('-', '_')}" if stage.label else stage.name
+        methods[name] = lambda b, predict=predict: predict(b).clamp(0, 1)
     results: dict[str, dict] = {}
     with torch.no_grad():
         for name, method in methods.items():

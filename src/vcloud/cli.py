@@ -391,11 +391,14 @@ def _cmd_export_viewer(args: argparse.Namespace) -> None:
 
 
 def _cmd_plot_curves(args: argparse.Namespace) -> None:
+    from vcloud.errors import ConfigError
     from vcloud.export.report import plot_curves
 
-    for metrics in args.metrics:
-        name = metrics.parent.name  # results/stage<n>/metrics.jsonl -> stage<n>
-        plot_curves(metrics, args.out_dir / f"{name}.png", title=f"{name} training curves")
+    if len(args.out) != len(args.metrics):
+        raise ConfigError(f"vcloud plot-curves: {len(args.metrics)} --metrics files but {len(args.out)} --out PNGs")
+    labels = {stage.name: f"{stage.name} ({stage.label})" for stage in STAGES}  # curves/stage<n>.png
+    for metrics, out in zip(args.metrics, args.out):
+        plot_curves(metrics, out, title=f"{labels.get(out.stem, out.stem)} training curves")
 
 
 def _cmd_report_tables(args: argparse.Namespace) -> None:
@@ -669,8 +672,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_fixed_protocol)
 
     p = sub.add_parser("plot-curves", help="training curves (loss, val PSNR, samples/s) of stages as PNG")
-    p.add_argument("--out-dir", type=Path, required=True, help="writes <stage folder name>.png here")
-    p.add_argument("metrics", type=Path, nargs="+", help="results/stage<n>/metrics.jsonl")
+    p.add_argument("--out", type=Path, nargs="+", required=True, help="one PNG per metrics file, in order")
+    p.add_argument("--metrics", type=Path, nargs="+", required=True, help="a stage's metrics.jsonl each")
     p.set_defaults(func=_cmd_plot_curves)
 
     p = sub.add_parser("report-tables", help="evaluation reports of the stages as one HTML page")

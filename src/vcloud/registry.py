@@ -1,14 +1,16 @@
-"""The stage registry: one declaration per training stage.
+"""The stage registry: one declaration per training stage, the whole stage.
 
-Every place that needs to know what a stage is reads it from here: the workflow's input
-functions (which checkpoints a rule takes), the stage hash (whose model settings a stage
-depends on), `vcloud train` (which `--stage<n>` checkpoints it needs and which builder makes
-the task), `vcloud evaluate` and the viewer (which checkpoints a predictor needs and which
-function builds it) and bench/bench_stages.py.
+Every place that needs to know what a stage is reads it from here: the workflow's rules and
+their paths (results/<folder>/), input functions (which checkpoints a rule takes) and default
+resources, the config schema (rule entries by pattern), the stage hash (what a stage depends
+on), `vcloud train` (which `--stage<n>` checkpoints it needs and which builder makes the task),
+`vcloud evaluate` and the viewer (which checkpoints a predictor needs, which function builds it,
+its layer), the bill and the doctor (the model a stage trains, its folder), the report (its
+label, the stage of a rule) and bench/.
 
-Adding a stage: declare it in STAGES, write its model and its config section (a `stage<n>`
-field of config.ModelSetConfig), its builder in train/stages.py and its predictor in
-evaluation/predict.py. Nothing else names stage numbers.
+Adding a stage: declare it in STAGES, give it its config section (a `stage<n>` field of
+config.ModelSetConfig and a block in config/models/*.yaml) and its builder in train/stages.py
+(docs/ARCHITECTURE.md counts the files). Nothing else names stage numbers.
 
 This module imports nothing heavy (snakemake reads it while parsing the workflow): builders
 and predictors are named as "module:function" and imported when used.
@@ -17,8 +19,8 @@ and predictors are named as "module:function" and imported when used.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from vcloud.errors import ConfigError
 
@@ -44,6 +46,18 @@ class Stage:
     # A stage whose weights start this one's when the config's `<name>.init_from_stage<k>` is on:
     # then its best.pt is an input of this stage's training and its identity is in this hash.
     init_from: int | None = None
+    # Results folder under paths.results (best.pt, latest.pt, metrics.jsonl); "": its name. Every
+    # path of it is made here (Stage.folder): paths.smk, the doctor, bench/ and the report follow.
+    folder: str = ""
+    # What the stage makes, in words: the report's curves, bench/bench_stages.py's method names.
+    label: str = ""
+    # Changes to DEFAULT_RESOURCES of its rules: {"train" | "evaluate": {"local" | "cluster": {...}}};
+    # a config's resources.<rule> entry overrides both, key by key.
+    resources: Mapping = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if not self.folder:
+            object.__setattr__(self, "folder", self.name)
 
     @property
     def model_section(self) -> str:
@@ -62,6 +76,22 @@ class Stage:
     @property
     def evaluate_rule(self) -> str:
         return f"evaluate_{self.name}"
+
+    @property
+    def rules(self) -> dict[str, str]:
+        """{"train": train_stage<n>, "evaluate": evaluate_stage<n>}: the rules made for it."""
+        return {"train": self.train_rule, "evaluate": self.evaluate_rule}
+
+    def rule_resources(self, kind: str, *, cluster: bool) -> dict:
+        """The default resources entry of its `kind` ("train", "evaluate") rule, on a cluster
+        (config with a cluster section: LUMI's GPU partition) or locally. The cluster's lie over
+        the local ones, as config/lumi.yaml over config/config.yaml (mem_mb then serves a CPU run
+        of the rule, gpus: 0)."""
+        own = self.resources.get(kind, {})
+        entry = {**DEFAULT_RESOURCES[kind]["local"], **own.get("local", {})}
+        if cluster:
+            entry.update({**DEFAULT_RESOURCES[kind]["cluster"], **own.get("cluster", {})})
+        return entry
 
     def builds_on(self, cfg) -> tuple[int, ...]:
         """The stages whose best.pt its training reads under `cfg`: `upstream`, and `init_from`
@@ -89,6 +119,22 @@ class Stage:
         return require_checkpoints(self.builds_on(cfg), checkpoints, command=f"vcloud train --stage {self.number}")
 
 
+# Resources of a stage's rules unless its entry or the config says otherwise: "local" (a laptop,
+# config/config.yaml) and "cluster" (config/lumi.yaml: one LUMI GCD on small-g; runtime in
+# minutes; epoch_minutes, the configured estimate of an epoch, sets the training retries).
+DEFAULT_RESOURCES = {
+    "train": {"local": {"runtime": 60, "mem_mb": 4000, "threads": 2},
+              "cluster": {"runtime": 4320, "mem_mb_per_gpu": 60000, "threads": 7, "partition": "small-g", "gpus": 1}},
+    "evaluate": {"local": {"runtime": 60, "mem_mb": 4000, "threads": 1},
+                 "cluster": {"runtime": 240, "mem_mb_per_gpu": 60000, "threads": 7, "partition": "small-g", "gpus": 1}},
+}  # fmt: skip
+
+
+def _on_lumi(**train) -> dict:
+    """A stage's own training resources on the cluster."""
+    return {"train": {"cluster": train}}
+
+
 _BUILDERS = "vcloud.train.stages"
 _PREDICTORS = "vcloud.evaluation.predict"
 
@@ -97,21 +143,25 @@ _PREDICTORS = "vcloud.evaluation.predict"
 STAGES: tuple[Stage, ...] = (
     # stage 0: autoencoder of clear S2 images; scored on reconstructing the ground truth
     Stage(0, upstream=(), predictor_needs=(0,), reads_wind=False,
-          builder=f"{_BUILDERS}:stage0", predictor=f"{_PREDICTORS}:autoencoder"),
+          builder=f"{_BUILDERS}:stage0", predictor=f"{_PREDICTORS}:autoencoder",
+          label="reconstruction of clear target"),
     # stage 1: CFDT draft over T dates; its per-date encoder's first level starts from stage 0's
     # autoencoder when stage1.init_from_stage0 (both shipped configs)
     Stage(1, upstream=(), predictor_needs=(1,), reads_wind=True,
           builder=f"{_BUILDERS}:stage1", predictor=f"{_PREDICTORS}:draft", needs_device=True,
-          viewer_label="stage 1 draft", validates_natural=True, init_from=0),
+          viewer_label="stage 1 draft", validates_natural=True, init_from=0,
+          label="draft"),
     # stage 2: pixel-space diffusion refiner of the frozen stage-1 draft (stage 0 not used)
     Stage(2, upstream=(1,), predictor_needs=(1, 2), reads_wind=True,
           builder=f"{_BUILDERS}:stage2", predictor=f"{_PREDICTORS}:refined", needs_device=True,
-          viewer_label="stage 2 refined", validates_natural=True),
+          viewer_label="stage 2 refined", validates_natural=True,
+          label="refined"),
     # stage 3: self-training (teacher: stages 1-2); the student is the stage-2 refiner, fine-tuned
     # on labelled + pseudo-labelled samples; predicts as the stage-1 draft refined by it
     Stage(3, upstream=(1, 2), predictor_needs=(1, 3), reads_wind=True,
           builder=f"{_BUILDERS}:stage3", predictor=f"{_PREDICTORS}:refined", needs_device=True,
-          viewer_label="stage 3 output", trains="stage2", validates_natural=True),
+          viewer_label="stage 3 output", trains="stage2", validates_natural=True,
+          label="self-trained", resources=_on_lumi(runtime=2880)),
 )  # fmt: skip
 
 STAGE_NUMBERS: tuple[int, ...] = tuple(stage.number for stage in STAGES)
@@ -124,6 +174,23 @@ def get_stage(number: int) -> Stage:
         if stage.number == number:
             return stage
     raise ConfigError(f"no stage {number} (stages: {', '.join(map(str, STAGE_NUMBERS))})")
+
+
+def stage_of_rule(rule: str) -> Stage | None:
+    """The stage whose train or evaluate rule `rule` is, else None."""
+    for stage in STAGES:
+        if rule in stage.rules.values():
+            return stage
+    return None
+
+
+def stage_resources(config: dict) -> dict[str, dict]:
+    """Every stage rule's resources entry under the workflow `config`: the registry's default
+    (cluster or local, by the config's cluster section) updated by the config's own entry."""
+    cluster = bool(config.get("cluster"))
+    given = config.get("resources") or {}
+    return {rule: {**stage.rule_resources(kind, cluster=cluster), **(given.get(rule) or {})}
+            for stage in STAGES for kind, rule in stage.rules.items()}  # fmt: skip
 
 
 def resolve(target: str) -> Callable:

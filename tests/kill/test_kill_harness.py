@@ -53,6 +53,7 @@ def harness_config(tmp_path_factory):
     config = yaml.safe_load((REPO / "tests/workflow/tiny_models.yaml").read_text())
     config["data"].update(samples_per_epoch=4, val_samples=2)
     config["stage1"]["model"]["wind_scan"] = False  # resume is under test; no wind cache file here
+    config["stage1"]["init_from_stage0"] = False  # stage 1 trains alone here (no --stage0)
     for stage in ("stage0", "stage1"):
         config[stage]["train"].update(epochs=EPOCHS, batch_size=2)
     path = tmp_path_factory.mktemp("harness") / "kill.yaml"

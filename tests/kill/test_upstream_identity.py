@@ -30,6 +30,7 @@ def config(tmp_path_factory):
     config = yaml.safe_load((REPO / "tests/workflow/tiny_models.yaml").read_text())
     config["data"].update(samples_per_epoch=4, val_samples=2)
     config["stage1"]["model"]["wind_scan"] = False  # no wind cache file here
+    config["stage1"]["init_from_stage0"] = False  # stage 1 trains alone here (no --stage0)
     config["stage1"]["train"].update(epochs=1, batch_size=2)
     config["stage2"]["train"].update(epochs=2, batch_size=2)
     path = tmp_path_factory.mktemp("identity") / "models.yaml"

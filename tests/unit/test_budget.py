@@ -125,8 +125,8 @@ def test_each_stage_checkpoint_is_priced_for_the_model_it_trains(monkeypatch):
 
     from vcloud.runtime.budget import Budget, _checkpoint_bytes
 
-    counts = {"autoencoder_params": 10, "cfdt_params": 156_000_000, "refiner_params": 45_000_000}
-    fake = SimpleNamespace(parameter_counts=lambda model_set: counts)  # no torch needed
+    counts = {"stage0": 10, "stage1": 156_000_000, "stage2": 45_000_000}  # per config section's model
+    fake = SimpleNamespace(section_parameters=lambda model_set, section: counts[section])  # no torch needed
     monkeypatch.setitem(sys.modules, "vcloud.models.memory", fake)
     got = _checkpoint_bytes(object(), Budget())
     assert got == {"stage0": 120, "stage1": 12 * 156_000_000, "stage2": 12 * 45_000_000, "stage3": 12 * 45_000_000}

@@ -62,7 +62,7 @@ def test_fill_missing_adds_only_absent_keys_recursively(tmp_path):
 
 
 def test_the_old_shared_evaluate_resources_key_names_its_replacement(config):
-    config["resources"]["evaluate"] = config["resources"].pop("evaluate_stage0")
+    config["resources"]["evaluate"] = {"runtime": 60, "mem_mb": 4000, "threads": 1}
     with pytest.raises(
         ConfigError,
         match=r"unknown key resources\.evaluate \(resources\.evaluate is now "

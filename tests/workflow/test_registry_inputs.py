@@ -6,8 +6,9 @@ import re
 
 import pytest
 
-from tests.workflow.snakemake_run import run
-from vcloud.registry import STAGES
+from tests.workflow.snakemake_run import ROOT, run
+from vcloud.config import load_model_config
+from vcloud.registry import STAGES, get_stage
 
 pytestmark = pytest.mark.workflow
 
@@ -33,20 +34,25 @@ def flags(command: str) -> dict[int, str]:
     return {int(n): path for n, path in re.findall(r"--stage(\d+) (\S+)", command)}
 
 
+def best(n: int) -> str:
+    return f"results/{get_stage(n).folder}/best.pt"
+
+
 def test_each_rule_passes_the_registry_checkpoints_by_path(commands):
+    default = load_model_config(ROOT / "config/models/small.yaml")  # the default config's model set
     for stage in STAGES:
         train = commands[stage.train_rule]
-        assert flags(train) == {n: f"results/stage{n}/best.pt" for n in stage.upstream}, train
+        assert flags(train) == {n: best(n) for n in stage.builds_on(default)}, train
         assert ("--wind-cache" in train) == stage.reads_wind, train
         # report_curves reads metrics.jsonl: the training rule declares it.
-        assert f"results/{stage.name}/metrics.jsonl" in commands[f"{stage.train_rule} output"]
+        assert f"results/{stage.folder}/metrics.jsonl" in commands[f"{stage.train_rule} output"]
         evaluate = commands[stage.evaluate_rule]
-        assert flags(evaluate) == {n: f"results/stage{n}/best.pt" for n in stage.predictor_needs}, evaluate
+        assert flags(evaluate) == {n: best(n) for n in stage.predictor_needs}, evaluate
         assert "--results" not in evaluate
         assert "--fixed-protocol results/eval/fixed_protocol.npz" in evaluate, evaluate
     viewer = commands["export_viewer"]
     # stage 0 is trained and scored, but no later stage nor the viewer reads its weights
-    assert flags(viewer) == {n: f"results/stage{n}/best.pt" for n in (1, 2, 3)}, viewer
+    assert flags(viewer) == {n: best(n) for n in (1, 2, 3)}, viewer
     assert all(0 not in (*stage.upstream, *stage.predictor_needs) for stage in STAGES[1:])
     assert "--fixed-protocol results/eval/fixed_protocol.npz" in viewer, viewer
     # Detected once, on the test split, for all of them.
@@ -54,4 +60,4 @@ def test_each_rule_passes_the_registry_checkpoints_by_path(commands):
     assert "--store results/prepared/test.zarr" in fixed and "--out results/eval/fixed_protocol.npz" in fixed, fixed
     assert "--threads 1" in fixed, fixed  # the rule's threads: resources.fixed_protocol's 2, capped by --cores 1
     curves = commands["report_curves"]
-    assert all(f"results/{stage.name}/metrics.jsonl" in curves for stage in STAGES), curves
+    assert all(f"results/{stage.folder}/metrics.jsonl" in curves for stage in STAGES), curves

@@ -133,10 +133,8 @@ rule report_curves:
     threads: get_threads("report_curves")
     resources:
         **get_slurm_resources("report_curves"),
-    params:
-        out_dir=lambda wildcards, output: str(Path(output[0]).parent),
     shell:
-        "vcloud plot-curves --out-dir {params.out_dir} {input.metrics} > {log} 2>&1"
+        "vcloud plot-curves --out {output} --metrics {input.metrics} > {log} 2>&1"
 
 
 rule report_tables:

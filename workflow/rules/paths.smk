@@ -4,7 +4,7 @@
 from vcloud import workflow as logic
 from vcloud.config import config_hash, stage_config_dict
 from vcloud.errors import ConfigError
-from vcloud.registry import STAGE_NUMBERS, VIEWER_STAGES
+from vcloud.registry import STAGE_NUMBERS, VIEWER_STAGES, get_stage
 
 
 def get_stage_hash(stage):
@@ -13,7 +13,8 @@ def get_stage_hash(stage):
 
 
 def get_stage_dir(stage):
-    return f"{RESULTS}/stage{stage}"
+    """results/<folder>/ of the stage (its registry entry's `folder`)."""
+    return f"{RESULTS}/{get_stage(stage).folder}"
 
 
 def get_checkpoint(stage):

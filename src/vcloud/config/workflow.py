@@ -3,6 +3,7 @@ schema with errors that name the key, schema defaults, and the embedded defaults
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -67,6 +68,29 @@ def fill_missing(config: dict, defaults_path: Path) -> dict:
                 merge(target[key], value)
 
     merge(config, read_yaml(defaults_path) or {})
+    return config
+
+
+STAGE_RULE = re.compile(r"(train|evaluate)_stage(\d+)")
+
+
+def fill_stage_resources(config: dict) -> dict:
+    """Give every stage's rules (registry: train_stage<n>, evaluate_stage<n>) their resources
+    entry, in place: the registry's default for this kind of run (cluster or local), updated key
+    by key by the config's own entry. Before validate_config: an entry may then name only what
+    it changes. ConfigError for an entry of a stage the registry does not know."""
+    from vcloud.registry import STAGE_NUMBERS, stage_resources
+
+    given = config.get("resources")
+    if not isinstance(given, dict):
+        return config  # validate_config names it
+    for key in given:
+        match = STAGE_RULE.fullmatch(str(key))
+        if match and int(match.group(2)) not in STAGE_NUMBERS:
+            known = ", ".join(map(str, STAGE_NUMBERS))
+            raise ConfigError(f"resources.{key}: no stage {match.group(2)} in the registry (stages: {known})")
+    if all(isinstance(entry, dict) for entry in given.values()):
+        given.update(stage_resources(config))
     return config
 
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 import csv
 import html
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from vcloud.errors import BadInputError
 from vcloud.io import atomic_open, atomic_output, atomic_write_text
+from vcloud.registry import stage_of_rule
 
 CURVES = (("loss", "training loss"), ("val_psnr", "validation PSNR (dB)"), ("samples_per_s", "samples/s"))
 PAGE_STYLE = (
@@ -192,13 +192,16 @@ def resources_of(rule: str, resources: dict) -> dict | None:
     return resources.get(rule)
 
 
+DATA_RULES = ("synth_raw", "index_archive", "prepare_roi", "assemble_split", "era5_wind", "wind_cache")
+
+
 def stage_of(rule: str) -> str:
-    match = re.search(r"stage(\d+)", rule)
-    if match:
-        return f"stage{match.group(1)}"
-    if rule in ("synth_raw", "prepare_roi", "assemble_split", "wind_cache"):
-        return "data"
-    return "export"
+    """The group a rule's hours are booked under: its stage's name (registry: train_stage<n>,
+    evaluate_stage<n>), "data" or "export"."""
+    stage = stage_of_rule(rule)
+    if stage is not None:
+        return stage.name
+    return "data" if rule in DATA_RULES else "export"
 
 
 def read_benchmark(path: Path) -> tuple[float, float]:

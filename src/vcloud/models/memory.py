@@ -92,6 +92,21 @@ def parameter_counts(cfg) -> dict[str, int]:
         }
 
 
+def section_parameters(cfg, section: str) -> int:
+    """Parameters of the model of config section `section` (`<section>.model`; a stage trains
+    the one its registry entry's model_section names), chosen by its config type, on meta."""
+    from vcloud.models.autoencoder import Autoencoder
+    from vcloud.models.cfdt import CFDT
+    from vcloud.models.refiner import Refiner
+
+    model_cfg = getattr(cfg, section).model
+    models = {"AutoencoderConfig": Autoencoder, "CFDTConfig": CFDT, "RefinerConfig": Refiner}
+    kind = type(model_cfg).__name__
+    assert kind in models, f"{section}.model: no model for a {kind}"
+    with torch.device("meta"):
+        return count_parameters(models[kind](model_cfg))
+
+
 class _AllocationTrace:
     """TorchDispatchMode recording storage allocations and releases, tagged by component."""
 

@@ -42,8 +42,6 @@ ASSUMED_ARCHIVE_RATIO = 0.5
 # A checkpoint holds the weights and Adam's two moments: 12 bytes per parameter (fp32).
 CHECKPOINT_BYTES_PER_PARAM = 12
 CHECKPOINT_FALLBACK_BYTES = 4 << 30  # per checkpoint file when torch cannot count parameters
-# The key of models.memory.parameter_counts for the model of each config section (`<section>.model`).
-PARAMS_OF_SECTION = {"stage0": "autoencoder_params", "stage1": "cfdt_params", "stage2": "refiner_params"}
 RESULT_FILES_PER_STAGE = 4  # best.pt, latest.pt, metrics.jsonl, eval/stage<n>.json
 VIEWER_FILES_PER_SAMPLE = 9  # one PNG per layer
 LOG_FILES_PER_JOB = 3  # logs/<rule>/*.log, benchmarks/<rule>/*.tsv, logs/slurm/*
@@ -231,16 +229,15 @@ def _checkpoint_bytes(model_set, budget: Budget) -> dict[str, int]:
     """Bytes of one checkpoint file per stage (weights + Adam moments)."""
     if model_set is not None:
         try:
-            from vcloud.models.memory import parameter_counts
+            from vcloud.models.memory import section_parameters
 
-            counts = parameter_counts(model_set)
-        except ImportError:  # torch is not on a LUMI login node
-            counts = None
-        if counts:
             # Each stage's checkpoint holds the model it trains (the registry's model_section):
             # stage 3 fine-tunes the stage-2 refiner, not the CFDT.
-            return {stage.name: CHECKPOINT_BYTES_PER_PARAM * counts[PARAMS_OF_SECTION[stage.model_section]]
-                    for stage in STAGES}  # fmt: skip
+            sections = {stage.model_section for stage in STAGES}
+            counts = {section: section_parameters(model_set, section) for section in sections}
+            return {stage.name: CHECKPOINT_BYTES_PER_PARAM * counts[stage.model_section] for stage in STAGES}
+        except ImportError:  # torch is not on a LUMI login node
+            pass
     budget.notes.append(f"checkpoints: parameters not counted (no torch here); {CHECKPOINT_FALLBACK_BYTES >> 30} "
                         "GiB per checkpoint assumed")  # fmt: skip
     return {stage.name: CHECKPOINT_FALLBACK_BYTES for stage in STAGES}

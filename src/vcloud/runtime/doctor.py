@@ -390,7 +390,7 @@ def measured_epoch_minutes(config: dict) -> dict[str, float]:
 
     found = {}
     for stage in STAGES:
-        path = Path(config["paths"]["results"]) / stage.name / "metrics.jsonl"
+        path = Path(config["paths"]["results"]) / stage.folder / "metrics.jsonl"
         try:
             lines = path.read_text().splitlines()
         except OSError:

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from vcloud.config import fill_defaults, read_yaml, validate_config
+from vcloud.config.workflow import fill_stage_resources
 from vcloud.errors import ConfigError
 from vcloud.io import atomic_write_text
 from vcloud.runtime.lumi import Cluster
@@ -50,6 +51,7 @@ def load_workflow_config(*overlays: Path) -> dict:
     for path in overlays:
         if Path(path).resolve() != base.resolve():
             update_config(config, _read(path))
+    fill_stage_resources(config)
     validate_config(config, schema, source=str(overlays[-1]))
     return fill_defaults(config, schema)
 

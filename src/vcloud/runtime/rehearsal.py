@@ -45,7 +45,7 @@ def _rows(path: Path) -> list[dict]:
 
 def stage_summary(*, results: Path, logs: Path, stage) -> dict:
     """What one stage's files say: finished, resumed, time per sample, peak memory, ranks."""
-    rows = _rows(results / stage.name / "metrics.jsonl")
+    rows = _rows(results / stage.folder / "metrics.jsonl")
     log_path = logs / stage.train_rule / f"{stage.train_rule}.log"
     text = log_path.read_text(errors="replace") if log_path.is_file() else ""
     ranks = [
@@ -58,7 +58,7 @@ def stage_summary(*, results: Path, logs: Path, stage) -> dict:
         if isinstance(r.get("samples_per_s"), (int, float)) and r["samples_per_s"] > 0
     ]
     return {
-        "finished": (results / stage.name / "best.pt").is_file(),
+        "finished": (results / stage.folder / "best.pt").is_file(),
         "epochs": len(rows),
         "resumed": RESUMED in text,
         "seconds_per_sample": min(per_sample) if per_sample else None,

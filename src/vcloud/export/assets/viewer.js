@@ -12,7 +12,8 @@
   var swipeLayers = data.layers.filter(function (l) { return l.swipe; });
   var metricNames = ["psnr", "ssim", "sam", "mae", "rmse"];
   var metricLabels = { psnr: "PSNR dB", ssim: "SSIM", sam: "SAM deg", mae: "MAE", rmse: "RMSE" };
-  var state = { sample: null, a: "stage3", b: "truth", mode: "swipe" };
+  // Opens on the pipeline's output (its last stage in the registry, the page's sort order).
+  var state = { sample: null, a: data.sort_method, b: "truth", mode: "swipe" };
 
   function $(id) { return document.getElementById(id); }
 
