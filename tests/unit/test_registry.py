@@ -114,3 +114,108 @@ def test_fixed_protocol_settings_are_what_the_fixed_samples_depend_on(small):
         assert logic.fixed_protocol_settings(replace(small, data=replace(small.data, **change))) != base
     # Training-only data settings never remake the file (the fixed samples are whole patches).
     assert logic.fixed_protocol_settings(replace(small, data=replace(small.data, crop=16, num_workers=3))) == base
+
+
+# --- the drills (issue 26, outcome 3): a stage added, a folder moved, in the registry only ------
+
+REPO = __import__("pathlib").Path(__file__).parents[2]
+
+
+def use_registry(monkeypatch, stages) -> None:
+    """`stages` as the registry, also where a module imported its names (as the next process
+    would see them after an edit of registry.py)."""
+    import sys
+
+    from vcloud import registry
+
+    derived = {"STAGES": stages, "STAGE_NUMBERS": tuple(s.number for s in stages),
+               "VIEWER_STAGES": tuple(s.number for s in stages if s.viewer_label)}  # fmt: skip
+    before = {name: getattr(registry, name) for name in derived}
+    for module in [m for name, m in sys.modules.items() if name.startswith("vcloud") and m is not None]:
+        for name, value in derived.items():
+            if getattr(module, name, None) is before[name]:
+                monkeypatch.setattr(module, name, value)
+
+
+@pytest.fixture
+def with_stage4(monkeypatch):
+    """A test registry with a stage 4 that fine-tunes stage 3's refiner and is shown in the viewer;
+    the viewer module is rebuilt from it (and from the real registry afterwards)."""
+    import importlib
+
+    from vcloud.export import viewer
+
+    stage4 = dataclasses.replace(get_stage(3), number=4, upstream=(1, 3), predictor_needs=(1, 4), folder="",
+                                 viewer_label="stage 4 fine-tuned", label="fine-tuned")  # fmt: skip
+    use_registry(monkeypatch, (*STAGES, stage4))
+    yield stage4
+    monkeypatch.undo()
+    importlib.reload(viewer)
+
+
+def test_a_stage_added_to_a_test_registry_gets_rules_folder_resources_bill_line_and_viewer_layer(with_stage4):
+    import importlib
+
+    from vcloud.config.workflow import fill_stage_resources
+    from vcloud.export import viewer
+    from vcloud.runtime.bill import rule_bills
+    from vcloud.runtime.lumi import Cluster, RuleResources
+    from vcloud.runtime.profile import load_workflow_config
+
+    assert with_stage4.folder == "stage4" and with_stage4.model_section == "stage2"
+    assert "train_stage4" in logic.train_rules() and "evaluate_stage4" in logic.evaluate_rules()
+    # Resources: the registry's defaults, local and on LUMI, with no config entry.
+    local = fill_stage_resources({"resources": {}})["resources"]
+    assert local["train_stage4"] == {"runtime": 60, "mem_mb": 4000, "threads": 2}
+    config = load_workflow_config(REPO / "config/lumi.yaml")  # validated against the schema
+    assert config["resources"]["evaluate_stage4"]["partition"] == "small-g"
+    # The bill has its lines, priced as one GCD.
+    model_set = __import__("vcloud.config", fromlist=["x"]).load_model_config(REPO / "config/models/full.yaml")
+    model_set = type("WithStage4", (), {**{f: getattr(model_set, f) for f in model_set.__dataclass_fields__},
+                                        "stage4": model_set.stage3})()  # fmt: skip
+    cluster = Cluster.from_config(config)
+    bills, _ = rule_bills(config, cluster, lambda rule: RuleResources.from_config(config, rule), model_set=model_set)
+    by_rule = {bill.rule: bill for bill in bills}
+    assert by_rule["train_stage4"].jobs == 1 and by_rule["train_stage4"].unit == "GPU-h"
+    assert by_rule["evaluate_stage4"].per_hour == by_rule["evaluate_stage3"].per_hour
+    # The viewer: its layer, and the page opens on it (the last shown stage).
+    importlib.reload(viewer)
+    assert ("stage4", "stage 4 fine-tuned") in [(layer.key, layer.label) for layer in viewer.LAYERS]
+    assert viewer.LAST == "stage4"
+    # The accounting books its hours under it.
+    from vcloud.export.report import stage_of
+
+    assert stage_of("evaluate_stage4") == "stage4" and stage_of("index_archive") == "data"
+
+
+def test_a_stage_rule_the_registry_does_not_know_is_one_line():
+    from vcloud.config.workflow import fill_stage_resources
+
+    with pytest.raises(ConfigError, match=r"^resources\.train_stage7: no stage 7 in the registry \(stages: 0, 1, 2, 3\)$"):
+        fill_stage_resources({"resources": {"train_stage7": {"runtime": 1}}})
+
+
+def test_a_config_entry_changes_the_registry_resources_key_by_key():
+    from vcloud.config.workflow import fill_stage_resources
+
+    config = fill_stage_resources({"cluster": {"name": "x"}, "resources": {"train_stage3": {"epoch_minutes": 5}}})
+    assert config["resources"]["train_stage3"] == {**get_stage(3).rule_resources("train", cluster=True),
+                                                   "epoch_minutes": 5}  # fmt: skip
+    assert config["resources"]["train_stage3"]["runtime"] == 2880  # stage 3's own, from its entry
+
+
+def test_a_results_folder_moved_in_the_registry_moves_every_path(monkeypatch, tmp_path):
+    """The doctor's measured epoch times and the rehearsal's summary follow the folder (the rules'
+    paths: tests/workflow/test_registry_drills.py runs the real pipeline)."""
+    from vcloud.runtime.doctor import measured_epoch_minutes
+    from vcloud.runtime.rehearsal import stage_summary
+
+    use_registry(monkeypatch, tuple(dataclasses.replace(s, folder="refiner") if s.number == 2 else s for s in STAGES))
+    rows = [{"epoch": e, "epoch_s": 120.0, "wall_time": 1000.0 + 120 * e} for e in range(3)]
+    (tmp_path / "refiner").mkdir()
+    (tmp_path / "refiner/metrics.jsonl").write_text("".join(__import__("json").dumps(r) + "\n" for r in rows))
+    (tmp_path / "refiner/best.pt").write_bytes(b"")
+    found = measured_epoch_minutes({"paths": {"results": str(tmp_path)}, "rehearsal": {"enabled": False}})
+    assert "train_stage2" in found
+    summary = stage_summary(results=tmp_path, logs=tmp_path, stage=get_stage(2))
+    assert summary["finished"] and summary["epochs"] == 3
