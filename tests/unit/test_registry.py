@@ -191,7 +191,9 @@ def test_a_stage_added_to_a_test_registry_gets_rules_folder_resources_bill_line_
 def test_a_stage_rule_the_registry_does_not_know_is_one_line():
     from vcloud.config.workflow import fill_stage_resources
 
-    with pytest.raises(ConfigError, match=r"^resources\.train_stage7: no stage 7 in the registry \(stages: 0, 1, 2, 3\)$"):
+    with pytest.raises(
+        ConfigError, match=r"^resources\.train_stage7: no stage 7 in the registry \(stages: 0, 1, 2, 3\)$"
+    ):
         fill_stage_resources({"resources": {"train_stage7": {"runtime": 1}}})
 
 
