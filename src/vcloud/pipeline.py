@@ -19,7 +19,7 @@ from vcloud.config import ModelSetConfig
 from vcloud.constants import CLOUD_CLASSES, S1_VALID_CHANNEL, S2_CHANNELS
 from vcloud.models.cfdt import CFDT
 from vcloud.models.refiner import DiffusionSchedule, Refiner, ddim_sample, refiner_condition
-from vcloud.weights import load_frozen
+from vcloud.weights import load_frozen, load_stage_weights
 from vcloud.wind.scan_orders import WindCache, sector_from_wind
 
 EVAL_KINDS = tuple(CLOUD_CLASSES[1:])  # thin, thick, opaque: the cloud kinds a stage is scored on
@@ -203,6 +203,44 @@ class RefinerPipeline(nn.Module):
         draws = self.ensemble if ensemble is None else ensemble
         refined = self._refine(draft, cond, steps=steps, seeds=[seed], draws=draws)
         return torch.stack([keep_seen(r, batch, self.keep_seen_max_prob) for r in refined])
+
+
+class DraftUnderRefiner(RefinerPipeline):
+    """Stage 3: the CFDT draft model trainable, under the frozen stage-2 refiner.
+
+    forward(batch) is the draft (B, 13, H, W) (the student's loss is on it, through DDP when
+    distributed); `sample` and `draws` refine it with the frozen refiner, as the stage ships.
+    Only the CFDT is in the state dict: stage 3's checkpoints hold its draft model.
+    """
+
+    def state_dict(self, *args, **kwargs):
+        return self.cfdt.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        return self.cfdt.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def train(self, mode: bool = True):
+        nn.Module.train(self, mode)
+        self.refiner.eval()  # the frozen refiner stays in eval mode
+        return self
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        return cfdt_draft(self.cfdt, batch)
+
+
+def build_draft_under_refiner(
+    cfg: ModelSetConfig, *, draft_ckpt: Path, draft_stage: int, stage2_ckpt: Path, wind: WindCache | None = None
+) -> DraftUnderRefiner:
+    """The CFDT of `draft_ckpt` (a stage-`draft_stage` checkpoint: stage 1's to start stage 3,
+    stage 3's to predict with it), trainable, under stage 2's frozen refiner."""
+    cfdt = install_wind_orders(CFDT(cfg.stage1.model), wind)
+    cfdt.load_state_dict(load_stage_weights(draft_ckpt, stage=draft_stage))
+    refiner = load_frozen(Refiner(cfg.stage2.model), stage2_ckpt, stage=2)
+    m = cfg.stage2.model
+    return DraftUnderRefiner(
+        cfdt, refiner, timesteps=m.timesteps, schedule=m.schedule, ensemble=m.ensemble,
+        keep_seen_max_prob=cfg.data.keep_seen_max_prob,
+    )  # fmt: skip
 
 
 def build_pipeline(cfg: ModelSetConfig, *, stage1_ckpt: Path, wind: WindCache | None = None) -> RefinerPipeline:

@@ -156,11 +156,12 @@ STAGES: tuple[Stage, ...] = (
           builder=f"{_BUILDERS}:stage2", predictor=f"{_PREDICTORS}:refined", needs_device=True,
           viewer_label="stage 2 refined", validates_natural=True,
           label="refined"),
-    # stage 3: self-training (teacher: stages 1-2); the student is the stage-2 refiner, fine-tuned
-    # on labelled + pseudo-labelled samples; predicts as the stage-1 draft refined by it
-    Stage(3, upstream=(1, 2), predictor_needs=(1, 3), reads_wind=True,
-          builder=f"{_BUILDERS}:stage3", predictor=f"{_PREDICTORS}:refined", needs_device=True,
-          viewer_label="stage 3 output", trains="stage2", validates_natural=True,
+    # stage 3: self-training on natural clouds (teacher: stages 1-2); the student is the stage-1
+    # CFDT draft model, fine-tuned on simulated clouds, kept pseudo-labels and natural pairs under
+    # the frozen stage-2 refiner; predicts as its own draft refined by stage 2
+    Stage(3, upstream=(1, 2), predictor_needs=(2, 3), reads_wind=True,
+          builder=f"{_BUILDERS}:stage3", predictor=f"{_PREDICTORS}:redrafted", needs_device=True,
+          viewer_label="stage 3 output", trains="stage1", validates_natural=True,
           label="self-trained", resources=_on_lumi(runtime=2880)),
 )  # fmt: skip
 

@@ -118,8 +118,8 @@ def test_old_raw_dir_key_gets_one_clear_line():
 
 
 def test_each_stage_checkpoint_is_priced_for_the_model_it_trains(monkeypatch):
-    """Stage 3 fine-tunes the stage-2 refiner: its checkpoints hold the refiner's weights and
-    Adam state (12 bytes a parameter), not the CFDT's."""
+    """Stage 3 fine-tunes the stage-1 draft model (under the frozen refiner): its checkpoints hold
+    the CFDT's weights and Adam state (12 bytes a parameter), not the refiner's."""
     import sys
     from types import SimpleNamespace
 
@@ -129,4 +129,4 @@ def test_each_stage_checkpoint_is_priced_for_the_model_it_trains(monkeypatch):
     fake = SimpleNamespace(section_parameters=lambda model_set, section: counts[section])  # no torch needed
     monkeypatch.setitem(sys.modules, "vcloud.models.memory", fake)
     got = _checkpoint_bytes(object(), Budget())
-    assert got == {"stage0": 120, "stage1": 12 * 156_000_000, "stage2": 12 * 45_000_000, "stage3": 12 * 45_000_000}
+    assert got == {"stage0": 120, "stage1": 12 * 156_000_000, "stage2": 12 * 45_000_000, "stage3": 12 * 156_000_000}

@@ -305,3 +305,69 @@ def test_stage0_weights_reach_stage1(tiny_store, tmp_path):
     save_checkpoint(tmp_path / "stage2.pt", {**checkpoint_meta(stage=2, config_hash="t"), "model": ae})
     with pytest.raises(Exception, match=r"stage2.pt: checkpoint of stage 2, expected stage 0$"):
         get_stage(1).build(cfg, train=tiny_store, val=tiny_store, checkpoints={0: tmp_path / "stage2.pt"}, device="cpu")
+
+
+def test_natural_pairs_are_the_reference_construction_on_the_split(tiny_store, small):
+    """Stage 3's natural pairs: each clear date a truth, left out of the inputs, the slot the input
+    date nearest to it; drawn per epoch, every pair once when length is None."""
+    from vcloud.evaluation.protocols import ReferenceSamples
+    from vcloud.train.stages import NaturalPairs
+
+    pairs = NaturalPairs(tiny_store, small, length=None, seed=0)
+    reference = ReferenceSamples(tiny_store, dates=small.data.input_dates, truths=10**6,
+                                 clear_max_cover=small.data.clear_target_max_cover)  # fmt: skip
+    assert len(pairs) == len(reference) > 0
+    for _location, truth, dates, slot in reference.items:
+        assert truth not in dates and abs(dates[slot] - truth) == min(abs(d - truth) for d in dates)
+    item = pairs[0]
+    assert item["x"].shape[-1] == small.data.crop and item["target"].shape[-1] == small.data.crop
+    drawn = NaturalPairs(tiny_store, small, length=3, seed=0)
+    assert len(drawn) == 3
+    torch.testing.assert_close(drawn[1]["x"], NaturalPairs(tiny_store, small, length=3, seed=0)[1]["x"])  # seeded
+    targets = {drawn[i]["target"].sum().item() for i in range(30)}  # epochs draw every pair in turn
+    assert len(targets) >= len(reference)
+
+
+def test_stage3_trains_the_draft_under_the_frozen_refiner(tiny_store, tmp_path):
+    """The student's checkpoint holds the CFDT (stage 1's shape); the refiner is frozen and its
+    output is what is validated; the stage-3 predictor reads stages 2 and 3."""
+    import yaml
+
+    from tests.unit.predict_fixtures import tiny_checkpoints
+    from vcloud.config import load_model_config
+    from vcloud.evaluation.predict import redrafted
+    from vcloud.registry import get_stage
+
+    found = tiny_checkpoints(tmp_path)
+    models = yaml.safe_load(found["config"].read_text())
+    models["stage3"]["self_training"]["max_pseudo_labels"] = 2
+    found["config"].write_text(yaml.safe_dump(models))
+    cfg = load_model_config(found["config"])
+    task = get_stage(3).build(cfg, train=tiny_store, val=tiny_store, checkpoints=found, device="cpu")
+    student = task.model
+    assert set(student.state_dict()) == set(torch.load(found[1], weights_only=True)["model"])  # the CFDT
+    assert all(p.requires_grad for p in student.cfdt.parameters())
+    assert not any(p.requires_grad for p in student.refiner.parameters())
+    student.train()
+    assert student.cfdt.training and not student.refiner.training
+    assert task.summary["natural_pairs"] == cfg.stage3.self_training.natural_pairs
+    assert get_stage(3).predictor_needs == (2, 3)
+    # the predictor of a stage-3 checkpoint: its draft under stage 2's refiner
+    from vcloud.train.checkpoint import checkpoint_meta, save_checkpoint
+
+    save_checkpoint(
+        tmp_path / "stage3.pt", {**checkpoint_meta(stage=3, config_hash="t"), "model": student.state_dict()}
+    )
+    predict = redrafted(cfg, {2: found[2], 3: tmp_path / "stage3.pt"}, None)
+    ds = ReferenceSamples(tiny_store, dates=cfg.data.input_dates)
+    batch = {k: v[None] for k, v in ds[0].items()}
+    from vcloud.evaluation.predict import refined
+
+    # the untrained student is stage 1's draft under stage 2's refiner: stage 2's prediction exactly
+    torch.testing.assert_close(predict(batch), refined(cfg, {1: found[1], 2: found[2]}, None)(batch), rtol=0, atol=0)
+    with torch.no_grad():
+        next(student.cfdt.parameters()).add_(0.5)  # another draft model: another output
+    save_checkpoint(
+        tmp_path / "stage3.pt", {**checkpoint_meta(stage=3, config_hash="t"), "model": student.state_dict()}
+    )
+    assert not torch.equal(redrafted(cfg, {2: found[2], 3: tmp_path / "stage3.pt"}, None)(batch), predict(batch))

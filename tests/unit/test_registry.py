@@ -146,7 +146,8 @@ def with_stage4(monkeypatch):
     from vcloud.export import viewer
 
     stage4 = dataclasses.replace(get_stage(3), number=4, upstream=(1, 3), predictor_needs=(1, 4), folder="",
-                                 viewer_label="stage 4 fine-tuned", label="fine-tuned")  # fmt: skip
+                                 viewer_label="stage 4 fine-tuned", label="fine-tuned", trains="stage2",
+                                 predictor="vcloud.evaluation.predict:refined")  # fmt: skip
     use_registry(monkeypatch, (*STAGES, stage4))
     yield stage4
     monkeypatch.undo()

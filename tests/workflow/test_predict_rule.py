@@ -24,7 +24,7 @@ def test_predict_is_opt_in_and_one_job_per_test_roi(tmp_path):
     assert planned.count("rule predict:") == 1  # SMALL has one test ROI
     assert "output: results/predict/stage3/ROIs1868_119/manifest.json" in planned
     assert "vcloud predict --stage 3 --store results/prepared/rois/ROIs1868_119.zarr" in planned
-    assert "--stage1 results/stage1/best.pt --stage3 results/stage3/best.pt" in planned
+    assert "--stage2 results/stage2/best.pt --stage3 results/stage3/best.pt" in planned
     enabled = run(["-n", "-p", *_config(tmp_path, enabled=True, stage=2, draws=3)], cwd=tmp_path).stdout
     assert "rule predict:" in enabled and "--stage 2" in enabled and "--draws 3" in enabled
 

@@ -43,7 +43,8 @@ SITE = textwrap.dedent('''
                 "ModelSetConfig", [("stage4", model_sets.Stage3Config, dataclasses.field(default=None))],
                 bases=(model_sets.ModelSetConfig,), frozen=True)
             stage4 = dataclasses.replace(registry.get_stage(3), number=4, upstream=(1, 3), predictor_needs=(1, 4),
-                                         viewer_label="stage 4 fine-tuned", label="fine-tuned", folder="")
+                                         viewer_label="stage 4 fine-tuned", label="fine-tuned", folder="",
+                                         trains="stage2", predictor="vcloud.evaluation.predict:refined")
             registry.STAGES = (*registry.STAGES, stage4)
             registry.STAGE_NUMBERS = tuple(s.number for s in registry.STAGES)
             registry.VIEWER_STAGES = tuple(s.number for s in registry.STAGES if s.viewer_label)

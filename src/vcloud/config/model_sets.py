@@ -190,6 +190,15 @@ class SelfTraining:
     # in the student's mix (train/stages.py NaturalClouds); 0: none. Measured on the default data
     # (48, 2026-11-25): +0.18 dB on fixed validation, -0.04 reference, -0.14 uncrtaints: off.
     natural_clouds: int = 0
+    # Natural pairs per epoch in the student's mix (train/stages.py NaturalPairs): the reference
+    # protocol's construction on the train split (a clear date the truth, the T usable dates
+    # nearest to it with their own clouds the input); None: every pair of the split once per epoch;
+    # 0: none. What makes stage 3 gain on natural clouds (docs/training.md, stage 3).
+    natural_pairs: int | None = 0
+
+    def __post_init__(self) -> None:
+        if self.natural_pairs is not None and self.natural_pairs < 0:
+            raise ValueError(f"natural_pairs: {self.natural_pairs} must be >= 0 or null")
 
 
 # The reference's region subsets (data.layout.REGIONS, plus all; a test checks they agree).

@@ -16,7 +16,7 @@ from vcloud.config import ModelSetConfig
 from vcloud.evaluation.protocols import EVAL_SEED
 from vcloud.models.autoencoder import Autoencoder
 from vcloud.models.cfdt import CFDT
-from vcloud.pipeline import build_pipeline, draft_prediction, install_wind_orders
+from vcloud.pipeline import build_draft_under_refiner, build_pipeline, draft_prediction, install_wind_orders
 from vcloud.registry import get_stage
 from vcloud.weights import load_frozen, load_stage_weights
 
@@ -40,9 +40,8 @@ def draft(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
 
 
 def refined(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
-    """Stages 2 and 3: the stage-1 draft plus the mean of `stage2.model.ensemble` few-step DDIM
-    samples of its pixel residual from the stage's refiner (stage 2's, or its self-trained
-    stage-3 fine-tune), all drawn from EVAL_SEED."""
+    """Stage 2: the stage-1 draft plus the mean of `stage2.model.ensemble` few-step DDIM
+    samples of its pixel residual from the stage-2 refiner, all drawn from EVAL_SEED."""
     (refiner_stage,) = sorted(set(checkpoints) - {1})  # 2 or 3
     pipeline = build_pipeline(cfg, stage1_ckpt=checkpoints[1], wind=wind)
     pipeline.load_state_dict(load_stage_weights(checkpoints[refiner_stage], stage=refiner_stage))
@@ -51,6 +50,19 @@ def refined(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
     predict = lambda batch: pipeline.sample(batch, steps=steps, seed=EVAL_SEED)
     # vcloud predict: `draws` samples whose mean is the prediction (with draws = stage2.model.ensemble:
     # exactly `predict`'s), their spread the uncertainty. Predictors without it are deterministic.
+    predict.model = pipeline
+    predict.draws = lambda batch, draws: pipeline.draws(batch, steps=steps, seed=EVAL_SEED, ensemble=draws)
+    return predict
+
+
+def redrafted(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
+    """Stage 3: its own draft model (the CFDT fine-tuned on natural pairs and pseudo-labels)
+    refined by the stage-2 refiner, as `refined` (the same sampler, seed and ensemble)."""
+    pipeline = build_draft_under_refiner(cfg, draft_ckpt=checkpoints[3], draft_stage=3, stage2_ckpt=checkpoints[2],
+                                         wind=wind)  # fmt: skip
+    pipeline.eval()
+    steps = cfg.stage2.model.sample_steps
+    predict = lambda batch: pipeline.sample(batch, steps=steps, seed=EVAL_SEED)
     predict.model = pipeline
     predict.draws = lambda batch, draws: pipeline.draws(batch, steps=steps, seed=EVAL_SEED, ensemble=draws)
     return predict

@@ -45,7 +45,8 @@ class ReferenceSamples(Dataset):
                 others = np.flatnonzero(usable[location])
                 others = others[others != truth]
                 nearest = others[np.argsort(np.abs(others - truth), kind="stable")][:dates]
-                chosen = np.resize(np.sort(nearest), dates) if len(nearest) < dates else np.sort(nearest)
+                # fewer usable dates than T: repeated; sorted before the slot is found in them
+                chosen = np.sort(np.resize(nearest, dates) if len(nearest) < dates else nearest)
                 slot = int(np.argmin(np.abs(chosen - truth)))
                 self.items.append((int(location), truth, sorted(chosen.tolist()), slot))
 

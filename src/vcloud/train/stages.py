@@ -10,18 +10,19 @@
   square, so every sample counts alike, as in mean PSNR); val PSNR of the mean of `ensemble`
   few-step DDIM samples. Validated before training too (the untrained
   refiner is the draft), so stage 2 never ships worse than "no correction".
-- stage 3: self-training of the refiner. The stage 1+2 teacher labels cloudy-only samples
-  (locations with no clear date); a pseudo-label is kept when refiner samples from
-  `sampler_seeds` seeds agree (mean |difference| <= max_seed_spread) and it matches the pixels
-  the cloud mask calls clear (mean |error| <= max_visible_error). The student, the stage-2
-  refiner itself, is fine-tuned (stage 2's loss, a lower lr) on the labelled samples plus the
-  kept pseudo-labels, around the same frozen stage-1 draft. The rule is also applied to
-  validation samples (truth known): pseudo_labels.json reports the kept and rejected groups'
-  PSNR. Validated before training too (the start is stage 2 exactly), so stage 3 never ships
-  worse than stage 2. Measured (docs/training.md): fine-tuning the CFDT draft model instead, and
-  refining its drafts with the stage-2 refiner, tied stage 2 (the refiner was trained on
-  stage-1 drafts); the refiner as student gained +0.17 dB over a 4-step stage 2, and with the
-  small config's 2-step sampler no fine-tune tried beats stage 2, which then ships unchanged.
+- stage 3: self-training of the draft model on natural clouds. The stage 1+2 teacher labels
+  cloudy-only samples (locations with no clear date); a pseudo-label is kept when refiner
+  samples from `sampler_seeds` seeds agree (mean |difference| <= max_seed_spread) and it matches
+  the pixels the cloud mask calls clear (mean |error| <= max_visible_error). The student, the
+  stage-1 CFDT under the frozen stage-2 refiner (pipeline.DraftUnderRefiner), is fine-tuned
+  with stage 1's loss on simulated clouds, the kept pseudo-labels and natural pairs of the train
+  split (NaturalPairs: the reference protocol's construction, a clear date the truth, the
+  nearest dates with their own clouds the input); it ships refined by the stage-2 refiner. The
+  rule is also applied to validation samples (truth known): pseudo_labels.json reports the kept
+  and rejected groups' PSNR. Validated before training too (the start is stage 2 exactly), so
+  stage 3 never ships worse than stage 2. Measured (docs/training.md, stage 3): the refiner as
+  the student, on pseudo-labels, natural pairs or natural clouds, never beat stage 2 on the
+  natural-cloud protocols; the draft on natural pairs did.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from vcloud.data.samples import (
 from vcloud.data.shards import ShardReader as StoreReader
 from vcloud.errors import BadInputError
 from vcloud.evaluation.metrics import compute_all
-from vcloud.evaluation.protocols import reference_samples
+from vcloud.evaluation.protocols import ReferenceSamples, reference_samples
 from vcloud.evaluation.uncrtaints import UncrtaintsSamples
 from vcloud.models.autoencoder import Autoencoder
 from vcloud.models.cfdt import CFDT
@@ -59,6 +60,7 @@ from vcloud.pipeline import (  # noqa: F401 (re-exported: the builders' and thei
     EVAL_KINDS,
     LOSS_FLOOR,
     RefinerPipeline,
+    build_draft_under_refiner,
     build_pipeline,
     cfdt_draft,
     draft_prediction,
@@ -341,6 +343,35 @@ class NaturalClouds(Dataset):
         return crop_item(item, rng, self.crop)
 
 
+class NaturalPairs(Dataset):
+    """Natural-cloud training pairs: the reference protocol's construction on the train split,
+    cropped like training.
+
+    Every clear date of a location (cloud cover <= data.clear_target_max_cover) is a truth, the
+    T usable dates nearest to it (the truth left out) with their own clouds are the input, and
+    the slot is the input date nearest the truth: what the natural-cloud protocols score, with
+    their kind of truth (another date than the one reconstructed). `length` pairs per epoch,
+    drawn with the epoch in the seed; None: each pair once per epoch.
+    """
+
+    def __init__(self, store: Path, cfg: ModelSetConfig, *, length: int | None, seed: int):
+        self.pairs = ReferenceSamples(
+            store, dates=cfg.data.input_dates, truths=cfg.data.input_dates * 1000,  # every clear date
+            clear_max_cover=cfg.data.clear_target_max_cover,
+        )  # fmt: skip
+        self.length = len(self.pairs) if length is None else (length if len(self.pairs) else 0)
+        self.crop, self.seed = cfg.data.crop, seed
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        epoch, i = divmod(int(index), self.length)
+        rng = np.random.default_rng((self.seed, epoch, i, 4))
+        pick = i if self.length == len(self.pairs) else int(rng.integers(len(self.pairs)))
+        return crop_item(self.pairs[pick], rng, self.crop)
+
+
 NATURAL_CLOUD_MIN_COVER = 0.3  # a date whose cloud NaturalClouds lays on a clear target
 
 
@@ -429,38 +460,52 @@ def stage3(
     cfg: ModelSetConfig, *, train: Path, val: Path, stage1_ckpt: Path, stage2_ckpt: Path,
     device: str, wind: WindCache | None = None,
 ) -> StageTask:  # fmt: skip
-    pipeline = build_pipeline(cfg, stage1_ckpt=stage1_ckpt, wind=wind)
-    pipeline.load_state_dict(load_stage_weights(stage2_ckpt, stage=2))
+    teacher = build_pipeline(cfg, stage1_ckpt=stage1_ckpt, wind=wind)
+    teacher.load_state_dict(load_stage_weights(stage2_ckpt, stage=2))
     st = cfg.stage3.self_training
     unlabelled = UnlabelledSamples(
         train, dates=cfg.data.input_dates, seed=cfg.stage3.train.seed, clear_max_cover=cfg.data.clear_target_max_cover,
         limit=st.max_pseudo_labels,
     )  # fmt: skip
-    # The teacher (stage 1 + the stage-2 refiner) labels before the student (the same refiner)
-    # takes a step: the labels are the teacher's, the weights trained below the student's.
-    kept, scored = pseudo_label(pipeline, unlabelled, cfg, device) if len(unlabelled) else ([], [])
+    # The teacher (stage 1 + the stage-2 refiner) labels before the student takes a step.
+    kept, scored = pseudo_label(teacher, unlabelled, cfg, device) if len(unlabelled) else ([], [])
     # The same rule on validation samples, whose truth is known: what the kept labels are worth.
-    check = check_on_labelled(pipeline, _cloudy(cfg, val, train=False, stage_epochs=1, device=device), cfg, device)
+    check = check_on_labelled(teacher, _cloudy(cfg, val, train=False, stage_epochs=1, device=device), cfg, device)
     log.info("stage 3: kept %d of %d pseudo-labels (rejected %d); on validation samples the rule gives %s",
              len(kept), len(scored), len(scored) - len(kept), check)  # fmt: skip
-    pipeline.to("cpu")  # the trainer moves it where it trains
-    # Normalised on the CPU: its batches mix with the pseudo-labelled ones, which are.
+    del teacher
+    # The student: the stage-1 draft model, trainable, under the frozen stage-2 refiner (what
+    # ships: its draft refined by stage 2). Its loss is stage 1's (L1 of the draft); it is
+    # validated, selected and guarded as the refined output.
+    student = build_draft_under_refiner(
+        cfg, draft_ckpt=stage1_ckpt, draft_stage=1, stage2_ckpt=stage2_ckpt, wind=wind
+    )
+    # Normalised on the CPU: its batches mix with the pseudo-labelled and natural ones, which are.
     t = cfg.stage3.train
     labelled = _cloudy(cfg, train, train=True, stage_epochs=t.epochs, device=device, raw=False,
-                       samples_per_epoch=t.samples_per_epoch, clear_share=cfg.stage2.clear_share)  # fmt: skip
+                       samples_per_epoch=t.samples_per_epoch)  # fmt: skip
     pseudo = PseudoLabelled(unlabelled, kept, crop=cfg.data.crop, seed=cfg.stage3.train.seed)
     natural = (
         NaturalClouds(train, cfg, length=st.natural_clouds, seed=cfg.stage3.train.seed) if st.natural_clouds else None
     )
-    parts = [labelled, *([pseudo] if kept else []), *([natural] if natural is not None and len(natural) else [])]
+    pairs = (
+        NaturalPairs(train, cfg, length=st.natural_pairs, seed=cfg.stage3.train.seed) if st.natural_pairs != 0 else None
+    )
+    parts = [labelled, *([pseudo] if kept else []), *([natural] if natural is not None and len(natural) else []),
+             *([pairs] if pairs is not None and len(pairs) else [])]  # fmt: skip
     train_set: Dataset = EpochConcat(parts) if len(parts) > 1 else labelled
-    loss, validate = refiner_objective(cfg.stage2.model.sample_steps)  # as stage 2, pseudo-labels as targets
+
+    def loss(m, batch):
+        return F.l1_loss(m(batch), batch["target"])
+
+    _, validate = refiner_objective(cfg.stage2.model.sample_steps)  # the refined output, as stage 2's
     return _on_device(StageTask(
-        stage=3, model=pipeline, train_set=train_set,
+        stage=3, model=student, train_set=train_set,
         val_set=_cloudy(cfg, val, train=False, stage_epochs=1, device=device), extra_val=natural_val(cfg, val),
         loss=loss, validate=validate,
-        validate_initial=True,  # the start (the stage-2 refiner) is a candidate: never ships worse than stage 2
-        summary={"natural_pairs": len(natural) if natural is not None else 0,
+        validate_initial=True,  # the start (stage 1's draft under the refiner) is stage 2: never ships worse
+        summary={"natural_pairs": len(pairs) if pairs is not None else 0,
+                 "natural_clouds": len(natural) if natural is not None else 0,
                  "pseudo_labels_scored": len(scored), "pseudo_labels_kept": len(kept),
                  "pseudo_labels_rejected": len(scored) - len(kept), "pseudo_label_check": check},
         artifacts={"pseudo_labels": {
