@@ -321,6 +321,8 @@ def test_natural_pairs_are_the_reference_construction_on_the_split(tiny_store, s
         assert truth not in dates and abs(dates[slot] - truth) == min(abs(d - truth) for d in dates)
     item = pairs[0]
     assert item["x"].shape[-1] == small.data.crop and item["target"].shape[-1] == small.data.crop
+    # the loss counts where the reconstructed date is cloudy only (its seen pixels are their own truth)
+    torch.testing.assert_close(item["pixel_weight"], (item["target_prob"] >= 0.4).float())
     drawn = NaturalPairs(tiny_store, small, length=3, seed=0)
     assert len(drawn) == 3
     torch.testing.assert_close(drawn[1]["x"], NaturalPairs(tiny_store, small, length=3, seed=0)[1]["x"])  # seeded
@@ -351,6 +353,16 @@ def test_stage3_trains_the_draft_under_the_frozen_refiner(tiny_store, tmp_path):
     student.train()
     assert student.cfdt.training and not student.refiner.training
     assert task.summary["natural_pairs"] == cfg.stage3.self_training.natural_pairs
+    # the loss: L1 over the pixels each sample's truth holds for (pixel_weight)
+    batch = next(iter(torch.utils.data.DataLoader(task.train_set, batch_size=2)))
+    assert set(batch["pixel_weight"].unique().tolist()) <= {0.0, 1.0}
+    whole = task.loss(student, batch)
+    batch["pixel_weight"] = torch.zeros_like(batch["pixel_weight"])
+    batch["pixel_weight"][..., :1, :1] = 1.0  # one pixel counts: its error alone
+    draft = student(batch).float()
+    one = (draft - batch["target"].float()).abs().mean(dim=1)[..., :1, :1].mean()
+    torch.testing.assert_close(task.loss(student, batch), one)
+    assert whole > 0
     assert get_stage(3).predictor_needs == (2, 3)
     # the predictor of a stage-3 checkpoint: its draft under stage 2's refiner
     from vcloud.train.checkpoint import checkpoint_meta, save_checkpoint

@@ -369,7 +369,27 @@ class NaturalPairs(Dataset):
         epoch, i = divmod(int(index), self.length)
         rng = np.random.default_rng((self.seed, epoch, i, 4))
         pick = i if self.length == len(self.pairs) else int(rng.integers(len(self.pairs)))
-        return crop_item(self.pairs[pick], rng, self.crop)
+        item = crop_item(self.pairs[pick], rng, self.crop)
+        # The loss counts where the reconstructed date is cloudy only: where it is seen, its own
+        # observation is its truth, not the other date's (stage 3 keeps a seen date as it is).
+        item["pixel_weight"] = (item["target_prob"] >= S2CLOUDLESS_KWARGS["threshold"]).float()
+        return item
+
+
+class PixelWeighted(Dataset):
+    """`base`'s items with `pixel_weight` (H, W) ones: every pixel counts in stage 3's loss (the
+    samples whose truth is the reconstructed date itself: simulated clouds, pseudo-labels)."""
+
+    def __init__(self, base: Dataset):
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        item = dict(self.base[index])
+        item["pixel_weight"] = torch.ones(item["target"].shape[-2:], dtype=torch.float32)
+        return item
 
 
 NATURAL_CLOUD_MIN_COVER = 0.3  # a date whose cloud NaturalClouds lays on a clear target
@@ -477,13 +497,12 @@ def stage3(
     # The student: the stage-1 draft model, trainable, under the frozen stage-2 refiner (what
     # ships: its draft refined by stage 2). Its loss is stage 1's (L1 of the draft); it is
     # validated, selected and guarded as the refined output.
-    student = build_draft_under_refiner(
-        cfg, draft_ckpt=stage1_ckpt, draft_stage=1, stage2_ckpt=stage2_ckpt, wind=wind
-    )
+    student = build_draft_under_refiner(cfg, draft_ckpt=stage1_ckpt, draft_stage=1, stage2_ckpt=stage2_ckpt, wind=wind)
     # Normalised on the CPU: its batches mix with the pseudo-labelled and natural ones, which are.
     t = cfg.stage3.train
+    # with stage 2's share of clear targets: the student keeps a date that is seen as it is
     labelled = _cloudy(cfg, train, train=True, stage_epochs=t.epochs, device=device, raw=False,
-                       samples_per_epoch=t.samples_per_epoch)  # fmt: skip
+                       samples_per_epoch=t.samples_per_epoch, clear_share=cfg.stage2.clear_share)  # fmt: skip
     pseudo = PseudoLabelled(unlabelled, kept, crop=cfg.data.crop, seed=cfg.stage3.train.seed)
     natural = (
         NaturalClouds(train, cfg, length=st.natural_clouds, seed=cfg.stage3.train.seed) if st.natural_clouds else None
@@ -491,12 +510,14 @@ def stage3(
     pairs = (
         NaturalPairs(train, cfg, length=st.natural_pairs, seed=cfg.stage3.train.seed) if st.natural_pairs != 0 else None
     )
-    parts = [labelled, *([pseudo] if kept else []), *([natural] if natural is not None and len(natural) else []),
-             *([pairs] if pairs is not None and len(pairs) else [])]  # fmt: skip
-    train_set: Dataset = EpochConcat(parts) if len(parts) > 1 else labelled
+    parts = [labelled, *([pseudo] if kept else []), *([natural] if natural is not None and len(natural) else [])]
+    parts = [PixelWeighted(part) for part in parts] + ([pairs] if pairs is not None and len(pairs) else [])
+    train_set: Dataset = EpochConcat(parts) if len(parts) > 1 else parts[0]
 
-    def loss(m, batch):
-        return F.l1_loss(m(batch), batch["target"])
+    def loss(m, batch):  # stage 1's L1, over the pixels each sample's truth holds for
+        error = (m(batch).float() - batch["target"].float()).abs().mean(dim=1)  # (B, H, W)
+        weight = batch["pixel_weight"].to(error.dtype)
+        return (error * weight).sum() / weight.sum().clamp_min(1.0)
 
     _, validate = refiner_objective(cfg.stage2.model.sample_steps)  # the refined output, as stage 2's
     return _on_device(StageTask(
