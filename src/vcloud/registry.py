@@ -38,7 +38,7 @@ class Stage:
     needs_device: bool = False
     viewer_label: str | None = None  # a layer and method of the viewer under this label; None: not shown
     # The config section whose `model` this stage trains (its weights and Adam state are what its
-    # checkpoints hold); None: its own. Stage 3 fine-tunes the stage-2 refiner.
+    # checkpoints hold); None: its own. Stage 3 fine-tunes the stage-1 draft model (CFDT).
     trains: str | None = None
     # Its best checkpoint is chosen (and guarded) on the natural-cloud protocols of the val split
     # too (train/stages.py natural_val): its hash then holds the evaluation keys they read.

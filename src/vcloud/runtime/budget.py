@@ -232,7 +232,7 @@ def _checkpoint_bytes(model_set, budget: Budget) -> dict[str, int]:
             from vcloud.models.memory import section_parameters
 
             # Each stage's checkpoint holds the model it trains (the registry's model_section):
-            # stage 3 fine-tunes the stage-2 refiner, not the CFDT.
+            # stage 3 fine-tunes the stage-1 CFDT, not the refiner.
             sections = {stage.model_section for stage in STAGES}
             counts = {section: section_parameters(model_set, section) for section in sections}
             return {stage.name: CHECKPOINT_BYTES_PER_PARAM * counts[stage.model_section] for stage in STAGES}
