@@ -99,7 +99,7 @@ def test_viewer_images_are_the_same_with_the_file(setup, tiny_store, tmp_path, m
     config, out = setup
     cfg = load_model_config(config)
     models = {0: Autoencoder(cfg.stage0.model), 1: CFDT(cfg.stage1.model), 2: Refiner(cfg.stage2.model),
-              3: Refiner(cfg.stage2.model)}  # fmt: skip
+              3: CFDT(cfg.stage1.model)}  # fmt: skip
     checkpoints = {}
     for stage, model in models.items():
         checkpoints[stage] = tmp_path / f"stage{stage}.pt"

@@ -96,7 +96,7 @@ def tiny_checkpoints(tmp_path_factory, one_thread):
         0: Autoencoder(cfg.stage0.model).state_dict(),
         1: CFDT(cfg.stage1.model).state_dict(),
         2: Refiner(cfg.stage2.model).state_dict(),
-        3: Refiner(cfg.stage2.model).state_dict(),  # stage 3 self-trains the refiner
+        3: CFDT(cfg.stage1.model).state_dict(),  # stage 3 self-trains the draft model
     }
     for stage, state in weights.items():
         (root / f"results/stage{stage}").mkdir(parents=True)
