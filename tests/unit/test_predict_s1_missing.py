@@ -56,7 +56,7 @@ def test_dates_without_s1_are_chosen_as_inputs(store):
     for i, job in enumerate(jobs):
         np.testing.assert_array_equal(s1_valid[i].numpy(), reader.valid_s1[job.location, list(job.inputs)])
         assert bool(batch.tensors["target_s1_valid"][i]) == (job.time == WITH_S1)
-    x = batch.tensors["x"]  # (B, T, 16, H, W): S2 13, S1 2, cloud probability 1
+    x = batch.tensors["x"]  # (B, T, 17, H, W): S2 13, S1 2, S1 validity 1, cloud probability 1
     assert not x[:, :, 13:15][~s1_valid].any()  # S1 zeros where missing
     assert x[:, :, 13:15][s1_valid].any()
 

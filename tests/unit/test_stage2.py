@@ -14,6 +14,7 @@ import yaml
 from torch import nn
 
 from vcloud.config import DataConfig, TrainConfig, load_model_config
+from vcloud.constants import CLOUD_CHANNEL
 from vcloud.data.samples import ClearImages, CloudySamples, finish_batch
 from vcloud.errors import StopRequested
 from vcloud.evaluation.metrics import compute_all
@@ -151,8 +152,8 @@ def test_residual_scale_and_cloud_spectrum_are_measured_on_the_samples(tiny, tin
     for i in range(3):
         batch = {k: v[None] for k, v in samples[i].items()}
         residuals.append(batch["target"] - cfdt_draft(pipeline.cfdt, batch))
-        x = batch["x"][0].double()  # (T, 16, H, W)
-        cloudy.append(x[:, :13].permute(1, 0, 2, 3)[:, x[:, 15] >= 0.9])  # (13, N_i)
+        x = batch["x"][0].double()  # (T, 17, H, W)
+        cloudy.append(x[:, :13].permute(1, 0, 2, 3)[:, x[:, CLOUD_CHANNEL] >= 0.9])  # (13, N_i)
     residual = torch.cat(residuals).double()  # (3, 13, H, W)
     expected = residual.transpose(0, 1).reshape(13, -1).std(dim=1, unbiased=False)
     torch.testing.assert_close(scale.double(), expected.clamp(min=1e-3), rtol=1e-4, atol=1e-6)
