@@ -65,6 +65,7 @@ def raw_batch(batch: int, dates: int, size: int, device: str, generator: torch.G
     return {
         "s2_raw": s2,
         "s1_raw": s1,
+        "s1_valid": torch.ones(batch, dates, dtype=torch.bool, device=device),  # every date has S1
         "prob_raw": (uniform(batch, dates, size, size) * 250).to(torch.uint8),
         "cloud_opacity": uniform(batch, size, size),
         "cloud_shadow": (uniform(batch, size, size) > 0.9).float(),

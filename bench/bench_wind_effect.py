@@ -46,6 +46,8 @@ def variant_config(base: Path, out: Path, *, wind_scan: bool, seed: int) -> Path
     data = yaml.safe_load(base.read_text())
     data["stage1"]["model"]["wind_scan"] = wind_scan
     data["stage1"]["train"]["seed"] = seed
+    # stage 1 alone, from a plain start: what differs is the wind scan (no stage-0 checkpoint here)
+    data["stage1"]["init_from_stage0"] = False
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml.safe_dump(data))
     return out

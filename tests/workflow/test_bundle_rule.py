@@ -41,5 +41,9 @@ def test_the_run_bundles_the_weights_it_evaluated_and_the_bundle_scores_alike(pi
                  "--fixed-protocol", str(fixed)]) == 0  # fmt: skip
     again = json.loads(out.read_text())["protocols"]
     for name, result in report["protocols"].items():
-        if "model" in result:
-            assert again[name]["model"]["per_sample"] == result["model"]["per_sample"], name
+        if "model" in result:  # the same predictions; SSIM's float sums may differ in the last digits
+            for metric, values in result["model"]["per_sample"].items():
+                assert again[name]["model"]["per_sample"][metric] == pytest.approx(values, rel=1e-4, abs=1e-5), (
+                    name,
+                    metric,
+                )
