@@ -198,12 +198,21 @@ def stage_figures(cfg, *, device, size, dates, batch_override, steps, warmup) ->
             figures["stage1"]["predict_one_sample_s"] = timed(
                 lambda: cfdt_draft(cfdt, one), device=device, repeats=max(2, steps // 2)
             )
-    # Every later stage of the registry that trains a refiner (stage 3's student is the stage-2
-    # refiner: its model_section): its own batch size and lr on the refiner timed above.
+    # Every later stage of the registry: its own batch size and lr on the model it trains (its
+    # model_section): a refiner as timed above, or a CFDT (stage 3's student is the stage-1 draft
+    # model; its refined validation is the pseudo-label timing's single sample per seed).
+    cfdt.requires_grad_(True)
     for stage in STAGES:
         section = getattr(cfg, stage.model_section).model
-        if stage.number > 2 and type(section).__name__ == "RefinerConfig":
+        if stage.number <= 2:
+            continue
+        if type(section).__name__ == "RefinerConfig":
             figures.setdefault(stage.name, {}).update(refiner_steps(getattr(cfg, stage.name)))
+        elif type(section).__name__ == "CFDTConfig":
+            b, make = batch_of(getattr(cfg, stage.name))
+            figures.setdefault(stage.name, {}).update({"batch": b, **timed_steps(
+                cfdt, lambda m, x: F.l1_loss(cfdt_draft(m, x), x["target"]), [p for p in cfdt.parameters()],
+                getattr(cfg, stage.name).train, make, device=device, steps=steps, warmup=warmup)})  # fmt: skip
     for fig in figures.values():
         if "step_s_median" in fig:
             fig["samples_per_s"] = round(fig["batch"] / fig["step_s_median"], 2)
