@@ -117,8 +117,8 @@ def write_bundle(*, out: Path, stages: list[int], checkpoints: dict[int, Path], 
                    "normalisation": training["normalisation"].get("s2")},
             "s1": {"bands": list(S1_BANDS), "product": "Sentinel-1 GRD backscatter, dB (VV, VH)",
                    "dtype": "float32", "normalisation": training["normalisation"].get("s1"),
-                   "missing": "a date without S1 gets the missing-image value (the clip floor, 0 after "
-                              "normalisation); only dates with S1 and S2 serve as the other input dates"},
+                   "missing": "a date without S1 is an input with its S1 zeroed and the S1-validity "
+                              "channel at 0: the model is told (it trained with S1 dropped at random)"},
             "cloud_probability": "s2cloudless on the 13 bands, computed by vcloud prepare",
             "input_dates": cfg.data.input_dates,
             "patch_size": training["patch_size"],
