@@ -235,19 +235,17 @@ def build_draft_under_refiner(
     stage 3's to predict with it), trainable, under stage 2's frozen refiner."""
     cfdt = install_wind_orders(CFDT(cfg.stage1.model), wind)
     cfdt.load_state_dict(load_stage_weights(draft_ckpt, stage=draft_stage))
-    refiner = load_frozen(Refiner(cfg.stage2.model), stage2_ckpt, stage=2)
-    m = cfg.stage2.model
-    return DraftUnderRefiner(
-        cfdt, refiner, timesteps=m.timesteps, schedule=m.schedule, ensemble=m.ensemble,
-        keep_seen_max_prob=cfg.data.keep_seen_max_prob,
-    )  # fmt: skip
+    return DraftUnderRefiner(cfdt, load_frozen(Refiner(cfg.stage2.model), stage2_ckpt, stage=2), **_sampling(cfg))
 
 
 def build_pipeline(cfg: ModelSetConfig, *, stage1_ckpt: Path, wind: WindCache | None = None) -> RefinerPipeline:
     """Stage 1 (frozen) + a fresh refiner (pixel space: stage 0 is not part of it)."""
     cfdt = install_wind_orders(load_frozen(CFDT(cfg.stage1.model), stage1_ckpt, stage=1), wind)
+    return RefinerPipeline(cfdt, Refiner(cfg.stage2.model), **_sampling(cfg))
+
+
+def _sampling(cfg: ModelSetConfig) -> dict:
+    """How a RefinerPipeline samples, from the config (stage2.model, data.keep_seen_max_prob)."""
     m = cfg.stage2.model
-    return RefinerPipeline(
-        cfdt, Refiner(m), timesteps=m.timesteps, schedule=m.schedule, ensemble=m.ensemble,
-        keep_seen_max_prob=cfg.data.keep_seen_max_prob,
-    )  # fmt: skip
+    return {"timesteps": m.timesteps, "schedule": m.schedule, "ensemble": m.ensemble,
+            "keep_seen_max_prob": cfg.data.keep_seen_max_prob}  # fmt: skip

@@ -42,17 +42,10 @@ def draft(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
 def refined(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
     """Stage 2: the stage-1 draft plus the mean of `stage2.model.ensemble` few-step DDIM
     samples of its pixel residual from the stage-2 refiner, all drawn from EVAL_SEED."""
-    (refiner_stage,) = sorted(set(checkpoints) - {1})  # 2 or 3
+    (refiner_stage,) = sorted(set(checkpoints) - {1})  # 2, or a later stage that fine-tunes the refiner
     pipeline = build_pipeline(cfg, stage1_ckpt=checkpoints[1], wind=wind)
     pipeline.load_state_dict(load_stage_weights(checkpoints[refiner_stage], stage=refiner_stage))
-    pipeline.eval()
-    steps = cfg.stage2.model.sample_steps
-    predict = lambda batch: pipeline.sample(batch, steps=steps, seed=EVAL_SEED)
-    # vcloud predict: `draws` samples whose mean is the prediction (with draws = stage2.model.ensemble:
-    # exactly `predict`'s), their spread the uncertainty. Predictors without it are deterministic.
-    predict.model = pipeline
-    predict.draws = lambda batch, draws: pipeline.draws(batch, steps=steps, seed=EVAL_SEED, ensemble=draws)
-    return predict
+    return _sampled(pipeline, cfg)
 
 
 def redrafted(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
@@ -60,6 +53,15 @@ def redrafted(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
     refined by the stage-2 refiner, as `refined` (the same sampler, seed and ensemble)."""
     pipeline = build_draft_under_refiner(cfg, draft_ckpt=checkpoints[3], draft_stage=3, stage2_ckpt=checkpoints[2],
                                          wind=wind)  # fmt: skip
+    return _sampled(pipeline, cfg)
+
+
+def _sampled(pipeline, cfg: ModelSetConfig):
+    """batch -> the mean of `stage2.model.ensemble` few-step DDIM samples of `pipeline`, from EVAL_SEED.
+
+    For vcloud predict: `draws` samples whose mean is the prediction (with draws =
+    stage2.model.ensemble: exactly `predict`'s), their spread the uncertainty. Predictors without
+    it are deterministic."""
     pipeline.eval()
     steps = cfg.stage2.model.sample_steps
     predict = lambda batch: pipeline.sample(batch, steps=steps, seed=EVAL_SEED)

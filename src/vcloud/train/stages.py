@@ -356,7 +356,7 @@ class NaturalPairs(Dataset):
 
     def __init__(self, store: Path, cfg: ModelSetConfig, *, length: int | None, seed: int):
         self.pairs = ReferenceSamples(
-            store, dates=cfg.data.input_dates, truths=cfg.data.input_dates * 1000,  # every clear date
+            store, dates=cfg.data.input_dates, truths=StoreReader(store).shape[1],  # every clear date
             clear_max_cover=cfg.data.clear_target_max_cover,
         )  # fmt: skip
         self.length = len(self.pairs) if length is None else (length if len(self.pairs) else 0)
