@@ -45,6 +45,7 @@ from vcloud.models.cfdt import CFDT  # noqa: E402
 from vcloud.registry import STAGES
 from vcloud.train import optim  # noqa: E402
 from vcloud.train.stages import RefinerPipeline, cfdt_draft, install_wind_orders  # noqa: E402
+from vcloud.pipeline import DraftUnderRefiner  # noqa: E402
 
 SEED_FIELD_RATE = 14.7  # seeds: full CFDT samples/s on one MI250X GCD
 
@@ -200,8 +201,16 @@ def stage_figures(cfg, *, device, size, dates, batch_override, steps, warmup) ->
             )
     # Every later stage of the registry: its own batch size and lr on the model it trains (its
     # model_section): a refiner as timed above, or a CFDT (stage 3's student is the stage-1 draft
-    # model; its refined validation is the pseudo-label timing's single sample per seed).
+    # model under the frozen refiner, its loss on what stage3.self_training.loss_on says; its
+    # refined validation is the pseudo-label timing's single sample per seed).
     cfdt.requires_grad_(True)
+    refiner.requires_grad_(False)
+    student = DraftUnderRefiner(
+        cfdt, refiner, timesteps=m2.timesteps, schedule=m2.schedule, ensemble=m2.ensemble,
+        keep_seen_max_prob=cfg.data.keep_seen_max_prob,
+    ).to(device)  # fmt: skip
+    student.loss_on = cfg.stage3.self_training.loss_on
+    student.grad_steps = cfg.stage3.self_training.grad_steps
     for stage in STAGES:
         section = getattr(cfg, stage.model_section).model
         if stage.number <= 2:
@@ -210,8 +219,9 @@ def stage_figures(cfg, *, device, size, dates, batch_override, steps, warmup) ->
             figures.setdefault(stage.name, {}).update(refiner_steps(getattr(cfg, stage.name)))
         elif type(section).__name__ == "CFDTConfig":
             b, make = batch_of(getattr(cfg, stage.name))
-            figures.setdefault(stage.name, {}).update({"batch": b, **timed_steps(
-                cfdt, lambda m, x: F.l1_loss(cfdt_draft(m, x), x["target"]), [p for p in cfdt.parameters()],
+            student.train()
+            figures.setdefault(stage.name, {}).update({"batch": b, "loss_on": student.loss_on, **timed_steps(
+                student, lambda m, x: F.l1_loss(m(x), x["target"]), [p for p in cfdt.parameters()],
                 getattr(cfg, stage.name).train, make, device=device, steps=steps, warmup=warmup)})  # fmt: skip
     for fig in figures.values():
         if "step_s_median" in fig:

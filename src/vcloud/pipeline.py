@@ -224,18 +224,41 @@ class DraftUnderRefiner(RefinerPipeline):
         self.refiner.eval()  # the frozen refiner stays in eval mode
         return self
 
+    loss_on = "draft"  # or "refined": forward is what ships, the draft through the frozen refiner
+    grad_steps: int | None = None  # "refined": the sampler's last steps the gradient goes through
+
     def forward(self, batch: dict) -> torch.Tensor:
-        return cfdt_draft(self.cfdt, batch)
+        if self.loss_on == "draft":
+            return cfdt_draft(self.cfdt, batch)
+        return self.refined(batch)
+
+    def refined(self, batch: dict) -> torch.Tensor:
+        """One DDIM draw of the refined draft with the date's seen pixels kept, as `sample` gives
+        it, but differentiable in the draft model's weights (the refiner's are frozen): (B, 13,
+        H, W). Each call draws fresh noise; the draft learns what the refiner makes of it."""
+        draft = cfdt_draft(self.cfdt, batch).float()
+        cond = refiner_condition(
+            draft, observed_target(batch), batch["target_s1"], batch["target_prob"], s1_valid=target_s1_valid(batch),
+            spectrum=self.refiner.cloud_spectrum, scale=self.refiner.residual_scale,
+        )  # fmt: skip
+        residual = self.schedule.ddim(
+            self.refiner, cond, steps=self.refiner.sample_steps, generator=None, shape=tuple(draft.shape),
+            temperature=self.refiner.temperature, grad_steps=self.grad_steps,
+        )  # fmt: skip
+        return keep_seen((draft + residual.float() * self._scale()).clamp(0, 1), batch, self.keep_seen_max_prob)
 
 
 def build_draft_under_refiner(
     cfg: ModelSetConfig, *, draft_ckpt: Path, draft_stage: int, stage2_ckpt: Path, wind: WindCache | None = None
 ) -> DraftUnderRefiner:
     """The CFDT of `draft_ckpt` (a stage-`draft_stage` checkpoint: stage 1's to start stage 3,
-    stage 3's to predict with it), trainable, under stage 2's frozen refiner."""
+    stage 3's to predict with it), trainable, under stage 2's frozen refiner; it trains on what
+    `stage3.self_training.loss_on` says."""
     cfdt = install_wind_orders(CFDT(cfg.stage1.model), wind)
     cfdt.load_state_dict(load_stage_weights(draft_ckpt, stage=draft_stage))
-    return DraftUnderRefiner(cfdt, load_frozen(Refiner(cfg.stage2.model), stage2_ckpt, stage=2), **_sampling(cfg))
+    model = DraftUnderRefiner(cfdt, load_frozen(Refiner(cfg.stage2.model), stage2_ckpt, stage=2), **_sampling(cfg))
+    model.loss_on, model.grad_steps = cfg.stage3.self_training.loss_on, cfg.stage3.self_training.grad_steps
+    return model
 
 
 def build_pipeline(cfg: ModelSetConfig, *, stage1_ckpt: Path, wind: WindCache | None = None) -> RefinerPipeline:

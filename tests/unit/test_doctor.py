@@ -167,12 +167,12 @@ def test_the_bill_of_lumi_yaml_adds_up_job_by_job(base, model_set, tmp_path, mon
         assert any(x.startswith(f"  {rule} ") and " 0 jobs (" in x for x in report.lines), rule
     assert printed_totals(report) == pytest.approx(hand_totals(base, model_set), abs=0.1)
     # The same by hand once more, in numbers (config/lumi.yaml, full.yaml; 0.5 GPU-h per hour):
-    # train 50 x 32 + 100 x 27 + 50 x 30 + 10 x 80 min + 4 starts x 10 min = 110.67 h -> 55.33,
-    # evaluations 4 x 4 h -> 8: 63.33 GPU-h expected. Worst: each train rule 2 retries, each
+    # train 50 x 32 + 100 x 27 + 50 x 30 + 10 x 100 min + 4 starts x 10 min = 114 h -> 57,
+    # evaluations 4 x 4 h -> 8: 65 GPU-h expected. Worst: each train rule 2 retries, each
     # evaluation 2: 3 x (3 x 72 + 48) h + 3 x 4 x 4 h = 840 h -> 420 GPU-h. CPU: index 20 x 4 x 2 h
     # = 160, prepare 53 x 8 x 4 h = 1,696, assemble 3 x 2 x 2 h = 12, wind 0.5, fixed protocol
     # 32 x 2 h = 64, viewer 8 x 2 h = 16: 1,948.5 core-h, no retries.
-    assert printed_totals(report) == pytest.approx((63.33, 420.0, 1948.5, 1948.5), abs=0.06)
+    assert printed_totals(report) == pytest.approx((65.0, 420.0, 1948.5, 1948.5), abs=0.06)
 
 
 def test_a_measured_epoch_time_moves_the_expected_bill_not_the_price(base, model_set, tmp_path, monkeypatch):
@@ -377,7 +377,7 @@ def test_multinode_on_standard_g_passes(base, model_set):
 
 def test_budget_exceeded(base, model_set):
     config = copy.deepcopy(base)
-    config["cluster"]["gpu_hour_budget"] = 100  # above the expected 63 GPU-h, below the worst 420
+    config["cluster"]["gpu_hour_budget"] = 100  # above the expected 65 GPU-h, below the worst 420
     report = run(config, model_set)
     assert report.errors == []
     assert (
@@ -387,7 +387,7 @@ def test_budget_exceeded(base, model_set):
     config["cluster"]["gpu_hour_budget"] = 50
     report = run(config, model_set)
     assert report.errors == [
-        "cluster.gpu_hour_budget: the run is expected to need 63 GPU-h, more than the budget of 50"
+        "cluster.gpu_hour_budget: the run is expected to need 65 GPU-h, more than the budget of 50"
     ]
 
 

@@ -359,8 +359,10 @@ def test_stage3_trains_the_draft_under_the_frozen_refiner(tiny_store, tmp_path):
     whole = task.loss(student, batch)
     batch["pixel_weight"] = torch.zeros_like(batch["pixel_weight"])
     batch["pixel_weight"][..., :1, :1] = 1.0  # one pixel counts: its error alone
-    draft = student(batch).float()
-    one = (draft - batch["target"].float()).abs().mean(dim=1)[..., :1, :1].mean()
+    torch.manual_seed(1)  # the same sampler noise for the output and the loss
+    output = student(batch).float()
+    one = (output - batch["target"].float()).abs().mean(dim=1)[..., :1, :1].mean()
+    torch.manual_seed(1)
     torch.testing.assert_close(task.loss(student, batch), one)
     assert whole > 0
     assert get_stage(3).predictor_needs == (2, 3)
@@ -383,3 +385,53 @@ def test_stage3_trains_the_draft_under_the_frozen_refiner(tiny_store, tmp_path):
         tmp_path / "stage3.pt", {**checkpoint_meta(stage=3, config_hash="t"), "model": student.state_dict()}
     )
     assert not torch.equal(redrafted(cfg, {2: found[2], 3: tmp_path / "stage3.pt"}, None)(batch), predict(batch))
+
+
+def test_stage3_loss_is_on_what_ships_and_reaches_only_the_draft_model(tiny_store, tmp_path):
+    """loss_on refined: the student's output is one draw of its draft through the frozen refiner
+    with the seen pixels kept, as the stage-3 predictor's sampler gives it for the same noise; the
+    gradient reaches the CFDT only, through every sampler step or the last `grad_steps`; loss_on
+    draft: the bare draft."""
+    import dataclasses
+
+    from tests.unit.predict_fixtures import tiny_checkpoints
+    from vcloud.config import load_model_config
+    from vcloud.pipeline import cfdt_draft
+    from vcloud.registry import get_stage
+
+    found = tiny_checkpoints(tmp_path)
+    cfg = load_model_config(found["config"])
+    assert cfg.stage3.self_training.loss_on == "refined" and cfg.stage2.model.sample_steps == 2
+
+    def student_and_batch(**self_training):
+        st = dataclasses.replace(cfg.stage3.self_training, max_pseudo_labels=0, **self_training)
+        c = dataclasses.replace(cfg, stage3=dataclasses.replace(cfg.stage3, self_training=st))
+        task = get_stage(3).build(c, train=tiny_store, val=tiny_store, checkpoints=found, device="cpu")
+        torch.manual_seed(0)
+        return task, next(iter(torch.utils.data.DataLoader(task.train_set, batch_size=2)))
+
+    task, batch = student_and_batch()
+    student = task.model.eval()
+    with torch.no_grad():
+        torch.manual_seed(5)
+        output = student(batch)
+        shipped = student.draws(batch, steps=cfg.stage2.model.sample_steps, seed=5, ensemble=1)[0]
+    torch.testing.assert_close(output, shipped)
+    assert not torch.allclose(output, cfdt_draft(student.cfdt, batch))  # the refiner changed it
+
+    def gradients(task):
+        task.model.train().zero_grad()
+        torch.manual_seed(5)
+        task.loss(task.model, batch).backward()
+        assert all(p.grad is None for p in task.model.refiner.parameters())  # frozen
+        return torch.cat([p.grad.flatten() for p in task.model.cfdt.parameters() if p.grad is not None])
+
+    assert cfg.stage3.self_training.grad_steps == 1
+    last = gradients(task)
+    every = gradients(student_and_batch(grad_steps=None)[0])
+    assert every.abs().sum() > 0
+    assert last.abs().sum() > 0 and not torch.allclose(last, every)  # the first step's path is cut
+    task, _ = student_and_batch(loss_on="draft")
+    task.model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(task.model(batch), cfdt_draft(task.model.cfdt, batch))

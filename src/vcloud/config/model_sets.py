@@ -195,10 +195,21 @@ class SelfTraining:
     # nearest to it with their own clouds the input); None: every pair of the split once per epoch;
     # 0: none. What makes stage 3 gain on natural clouds (docs/training.md, stage 3).
     natural_pairs: int | None = 0
+    # What the student's L1 is on: "draft", its draft; "refined", one draw of the draft refined
+    # by the frozen stage-2 refiner with the seen pixels kept (what stage 3 ships), the gradient
+    # through the refiner's sampler (docs/training.md, stage 3).
+    loss_on: Literal["draft", "refined"] = "refined"
+    # "refined": the sampler's last steps the gradient goes through (the earlier ones run without
+    # a graph); null: every step. Measured on the default data (2026-11-25, 2 steps): the last
+    # step alone gains as much as both (docs/training.md, stage 3) at a fraction of the cost at
+    # full scale (8 steps: 7 refiner passes without a graph, 1 with).
+    grad_steps: int | None = 1
 
     def __post_init__(self) -> None:
         if self.natural_pairs is not None and self.natural_pairs < 0:
             raise ValueError(f"natural_pairs: {self.natural_pairs} must be >= 0 or null")
+        if self.grad_steps is not None and self.grad_steps < 1:
+            raise ValueError(f"grad_steps: {self.grad_steps} must be >= 1 or null")
 
 
 # The reference's region subsets (data.layout.REGIONS, plus all; a test checks they agree).

@@ -226,7 +226,11 @@ class DiffusionSchedule:
         return sorted({round(v) for v in levels}, reverse=True)
 
     @torch.no_grad()
-    def ddim_sample(
+    def ddim_sample(self, model: nn.Module, cond: torch.Tensor, **kwargs) -> torch.Tensor:
+        """`ddim` without gradients (evaluation, prediction, pseudo-labels)."""
+        return self.ddim(model, cond, **kwargs)
+
+    def ddim(
         self,
         model: nn.Module,
         cond: torch.Tensor,
@@ -237,8 +241,13 @@ class DiffusionSchedule:
         clip: float | None = None,
         temperature: float = 1.0,
         noise: torch.Tensor | None = None,
+        grad_steps: int | None = None,
     ) -> torch.Tensor:
-        """Deterministic DDIM (eta = 0) from noise drawn with `generator` -> z0 of `shape`.
+        """Deterministic DDIM (eta = 0) from noise drawn with `generator` -> z0 of `shape`,
+        differentiable (stage 3 trains its draft through the frozen refiner's sampler).
+
+        `grad_steps`: only the last this many steps keep a graph (the earlier ones run without,
+        their cond and z taken as constants: truncated backpropagation); None: every step.
 
         `noise` (of `shape`): the initial noise itself, drawn by the caller (then `generator` is
         not used); DDIM with eta = 0 draws nothing after it.
@@ -256,10 +265,12 @@ class DiffusionSchedule:
         assert tuple(noise.shape) == tuple(shape), f"noise {tuple(noise.shape)} is not of shape {tuple(shape)}"
         z = noise.float().to(cond.device) * temperature
         levels = self.sampling_timesteps(steps)
+        graph = torch.is_grad_enabled()
         for index, level in enumerate(levels):
             t = torch.full((shape[0],), level, device=cond.device, dtype=torch.long)
             abar = self._abar(t, z)
-            z0 = model(z, t, cond).float()
+            with torch.set_grad_enabled(graph and (grad_steps is None or index >= len(levels) - grad_steps)):
+                z0 = model(z, t, cond).float()
             if clip is not None:
                 z0 = z0.clamp(-clip, clip)
             eps = (z - abar.sqrt() * z0) / (1 - abar).sqrt()
