@@ -42,10 +42,10 @@ from vcloud.config import load_model_config  # noqa: E402
 from vcloud.constants import CLOUD_CLASSES, S1_BANDS, S2_BANDS  # noqa: E402
 from vcloud.models.autoencoder import Autoencoder  # noqa: E402
 from vcloud.models.cfdt import CFDT  # noqa: E402
+from vcloud.pipeline import DraftUnderRefiner  # noqa: E402
 from vcloud.registry import STAGES
 from vcloud.train import optim  # noqa: E402
 from vcloud.train.stages import RefinerPipeline, cfdt_draft, install_wind_orders  # noqa: E402
-from vcloud.pipeline import DraftUnderRefiner  # noqa: E402
 
 SEED_FIELD_RATE = 14.7  # seeds: full CFDT samples/s on one MI250X GCD
 
