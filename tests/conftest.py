@@ -37,12 +37,22 @@ def pytest_report_header(config):
     return f"tier: {config.getoption('markexpr') or 'all'}"
 
 
+# Under pytest-xdist (`-n 2 --dist loadgroup`, what CI runs), the tests that share one of these
+# session fixtures run in one worker, so that it is made once: the small pipeline run, the
+# cluster. Any other test goes with its module (module fixtures, files shared between tests).
+SHARED_FIXTURES = ("slurm_cluster", "pipeline_run")
+
+
 @pytest.hookimpl(tryfirst=True)  # the markers added here must be there before -m selects
 def pytest_collection_modifyitems(config, items):
+    xdist = config.pluginmanager.hasplugin("xdist")
     for item in items:
         for fixture, marker in TIER_OF_FIXTURE.items():
             if fixture in item.fixturenames:
                 item.add_marker(marker)
+        if xdist:
+            shared = [f for f in SHARED_FIXTURES if f in item.fixturenames]
+            item.add_marker(pytest.mark.xdist_group(shared[0] if shared else item.nodeid.split("::")[0]))
     if config.getoption("--tier") == "all" or config.getoption("markexpr"):
         return
     keep, heavy = [], []
