@@ -15,14 +15,17 @@
   samples from `sampler_seeds` seeds agree (mean |difference| <= max_seed_spread) and it matches
   the pixels the cloud mask calls clear (mean |error| <= max_visible_error). The student, the
   stage-1 CFDT under the frozen stage-2 refiner (pipeline.DraftUnderRefiner), is fine-tuned
-  with stage 1's loss on simulated clouds, the kept pseudo-labels and natural pairs of the train
+  with stage 1's L1 on simulated clouds, the kept pseudo-labels and natural pairs of the train
   split (NaturalPairs: the reference protocol's construction, a clear date the truth, the
-  nearest dates with their own clouds the input); it ships refined by the stage-2 refiner. The
+  nearest dates with their own clouds the input); it ships refined by the stage-2 refiner, and
+  its L1 is on that refined output (self_training.loss_on: refined; the gradient through the
+  sampler's last step) so that the draft learns what the refiner makes of it. The
   rule is also applied to validation samples (truth known): pseudo_labels.json reports the kept
   and rejected groups' PSNR. Validated before training too (the start is stage 2 exactly), so
   stage 3 never ships worse than stage 2. Measured (docs/training.md, stage 3): the refiner as
   the student, on pseudo-labels, natural pairs or natural clouds, never beat stage 2 on the
-  natural-cloud protocols; the draft on natural pairs did.
+  natural-cloud protocols; the draft on natural pairs did, once its loss was on the refined
+  output (with the loss on the bare draft it lost where the date is clear).
 """
 
 from __future__ import annotations
@@ -495,8 +498,9 @@ def stage3(
              len(kept), len(scored), len(scored) - len(kept), check)  # fmt: skip
     del teacher
     # The student: the stage-1 draft model, trainable, under the frozen stage-2 refiner (what
-    # ships: its draft refined by stage 2). Its loss is stage 1's (L1 of the draft); it is
-    # validated, selected and guarded as the refined output.
+    # ships: its draft refined by stage 2). Its loss is stage 1's L1, on the refined output
+    # (loss_on: refined) or the bare draft; it is validated, selected and guarded as the
+    # refined output.
     student = build_draft_under_refiner(cfg, draft_ckpt=stage1_ckpt, draft_stage=1, stage2_ckpt=stage2_ckpt, wind=wind)
     # Normalised on the CPU: its batches mix with the pseudo-labelled and natural ones, which are.
     t = cfg.stage3.train
@@ -514,7 +518,7 @@ def stage3(
     parts = [PixelWeighted(part) for part in parts] + ([pairs] if pairs is not None and len(pairs) else [])
     train_set: Dataset = EpochConcat(parts) if len(parts) > 1 else parts[0]
 
-    def loss(m, batch):  # stage 1's L1, over the pixels each sample's truth holds for
+    def loss(m, batch):  # stage 1's L1 of what m gives (loss_on), over the pixels each truth holds for
         error = (m(batch).float() - batch["target"].float()).abs().mean(dim=1)  # (B, H, W)
         weight = batch["pixel_weight"].to(error.dtype)
         return (error * weight).sum() / weight.sum().clamp_min(1.0)
