@@ -53,6 +53,10 @@ def pytest_collection_modifyitems(config, items):
         if xdist:
             shared = [f for f in SHARED_FIXTURES if f in item.fixturenames]
             item.add_marker(pytest.mark.xdist_group(shared[0] if shared else item.nodeid.split("::")[0]))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # xdist hands the groups out in collection order: the longest (the cluster's, ~15 min,
+        # mostly waiting) first, so that it is not the last thing left running.
+        items.sort(key=lambda item: next((n for n, f in enumerate(SHARED_FIXTURES) if f in item.fixturenames), 2))
     if config.getoption("--tier") == "all" or config.getoption("markexpr"):
         return
     keep, heavy = [], []

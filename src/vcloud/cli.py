@@ -251,7 +251,7 @@ def _cmd_predict(args: argparse.Namespace) -> None:
             batch_size=args.batch_size,
             device=args.device,
             clear_pixels=args.clear_pixels,
-            command=shlex.join(["vcloud", *sys.argv[1:]]),
+            command=shlex.join(["vcloud", *args.argv]),
             bundle=model.bundle,
         )
 
@@ -269,7 +269,7 @@ def _cmd_bundle(args: argparse.Namespace) -> None:
         train_store=args.train_store,
         wind_cache=args.wind_cache,
         eval_reports=args.eval or [],
-        command=shlex.join(["vcloud", *sys.argv[1:]]),
+        command=shlex.join(["vcloud", *args.argv]),
     )
     print(f"{args.out}: {len(manifest['members']) + 1} members, each with its SHA-256 in vcloud-bundle.json")
 
@@ -699,6 +699,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as given: manifests record it
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

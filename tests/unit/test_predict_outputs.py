@@ -108,7 +108,8 @@ def test_manifest_records_provenance_and_checksums(predicted):
 
     out, manifest = predicted
     assert manifest["complete"] and manifest["producer"]["git_revision"]
-    assert manifest["command"].startswith("vcloud ")
+    assert manifest["command"].startswith("vcloud predict --stage 2 --store ")  # the command as given
+    assert manifest["command"].endswith(f" --dates {CLEAR_DATE} {CLOUDY_DATE} --draws 3")
     assert set(manifest["checkpoints"]) == {"1", "2"} and all(
         len(c["sha256"]) == 64 for c in manifest["checkpoints"].values()
     )
