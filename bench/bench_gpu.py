@@ -207,10 +207,9 @@ def stage_figures(cfg, *, device, size, dates, batch_override, steps, warmup) ->
     refiner.requires_grad_(False)
     student = DraftUnderRefiner(
         cfdt, refiner, timesteps=m2.timesteps, schedule=m2.schedule, ensemble=m2.ensemble,
-        keep_seen_max_prob=cfg.data.keep_seen_max_prob,
+        keep_seen_max_prob=cfg.data.keep_seen_max_prob, loss_on=cfg.stage3.self_training.loss_on,
+        grad_steps=cfg.stage3.self_training.grad_steps,
     ).to(device)  # fmt: skip
-    student.loss_on = cfg.stage3.self_training.loss_on
-    student.grad_steps = cfg.stage3.self_training.grad_steps
     for stage in STAGES:
         section = getattr(cfg, stage.model_section).model
         if stage.number <= 2:

@@ -37,10 +37,16 @@ def pytest_report_header(config):
     return f"tier: {config.getoption('markexpr') or 'all'}"
 
 
-# Under pytest-xdist (`-n 2 --dist loadgroup`, what CI runs), the tests that share one of these
-# session fixtures run in one worker, so that it is made once: the small pipeline run, the
-# cluster. Any other test goes with its module (module fixtures, files shared between tests).
+# Under pytest-xdist (`-n 2 --dist loadgroup --no-loadscope-reorder`, what CI runs), the tests
+# that share one of these session fixtures run in one worker, so that it is made once: the
+# cluster, the small pipeline run. Any other test goes with its module (module fixtures, files
+# shared between tests). The groups go out in this order, the rest after them.
 SHARED_FIXTURES = ("slurm_cluster", "pipeline_run")
+
+
+def _shared(item) -> int:
+    """The index in SHARED_FIXTURES of the first one `item` uses; len(SHARED_FIXTURES): none."""
+    return next((n for n, f in enumerate(SHARED_FIXTURES) if f in item.fixturenames), len(SHARED_FIXTURES))
 
 
 @pytest.hookimpl(tryfirst=True)  # the markers added here must be there before -m selects
@@ -51,12 +57,13 @@ def pytest_collection_modifyitems(config, items):
             if fixture in item.fixturenames:
                 item.add_marker(marker)
         if xdist:
-            shared = [f for f in SHARED_FIXTURES if f in item.fixturenames]
-            item.add_marker(pytest.mark.xdist_group(shared[0] if shared else item.nodeid.split("::")[0]))
+            shared = _shared(item)
+            group = SHARED_FIXTURES[shared] if shared < len(SHARED_FIXTURES) else item.nodeid.split("::")[0]
+            item.add_marker(pytest.mark.xdist_group(group))
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # xdist hands the groups out in collection order: the longest (the cluster's, ~15 min,
         # mostly waiting) first, so that it is not the last thing left running.
-        items.sort(key=lambda item: next((n for n, f in enumerate(SHARED_FIXTURES) if f in item.fixturenames), 2))
+        items.sort(key=_shared)
     if config.getoption("--tier") == "all" or config.getoption("markexpr"):
         return
     keep, heavy = [], []

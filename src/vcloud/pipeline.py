@@ -118,6 +118,10 @@ class RefinerPipeline(nn.Module):
     @torch.no_grad()
     def condition(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(the frozen CFDT's draft (B, 13, H, W) float32, refiner condition (B, 44, H, W))."""
+        return self._condition(batch)
+
+    def _condition(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """`condition`, with a graph where gradients are on (DraftUnderRefiner.refined)."""
         draft = cfdt_draft(self.cfdt, batch).float()
         cond = refiner_condition(
             draft, observed_target(batch), batch["target_s1"], batch["target_prob"], s1_valid=target_s1_valid(batch),
@@ -210,8 +214,15 @@ class DraftUnderRefiner(RefinerPipeline):
 
     forward(batch) is the draft (B, 13, H, W) (the student's loss is on it, through DDP when
     distributed); `sample` and `draws` refine it with the frozen refiner, as the stage ships.
-    Only the CFDT is in the state dict: stage 3's checkpoints hold its draft model.
+    Only the CFDT is in the state dict: stage 3's checkpoints hold its draft model. `loss_on`
+    "refined": forward is what ships instead, the draft through the frozen refiner (`refined`),
+    the gradient through the sampler's last `grad_steps` steps (None: every step).
     """
+
+    def __init__(self, cfdt: nn.Module, refiner: Refiner, *, loss_on: str = "draft", grad_steps: int | None = None,
+                 **sampling):  # fmt: skip
+        super().__init__(cfdt, refiner, **sampling)
+        self.loss_on, self.grad_steps = loss_on, grad_steps
 
     def state_dict(self, *args, **kwargs):
         return self.cfdt.state_dict(*args, **kwargs)
@@ -224,9 +235,6 @@ class DraftUnderRefiner(RefinerPipeline):
         self.refiner.eval()  # the frozen refiner stays in eval mode
         return self
 
-    loss_on = "draft"  # or "refined": forward is what ships, the draft through the frozen refiner
-    grad_steps: int | None = None  # "refined": the sampler's last steps the gradient goes through
-
     def forward(self, batch: dict) -> torch.Tensor:
         if self.loss_on == "draft":
             return cfdt_draft(self.cfdt, batch)
@@ -236,11 +244,7 @@ class DraftUnderRefiner(RefinerPipeline):
         """One DDIM draw of the refined draft with the date's seen pixels kept, as `sample` gives
         it, but differentiable in the draft model's weights (the refiner's are frozen): (B, 13,
         H, W). Each call draws fresh noise; the draft learns what the refiner makes of it."""
-        draft = cfdt_draft(self.cfdt, batch).float()
-        cond = refiner_condition(
-            draft, observed_target(batch), batch["target_s1"], batch["target_prob"], s1_valid=target_s1_valid(batch),
-            spectrum=self.refiner.cloud_spectrum, scale=self.refiner.residual_scale,
-        )  # fmt: skip
+        draft, cond = self._condition(batch)
         residual = self.schedule.ddim(
             self.refiner, cond, steps=self.refiner.sample_steps, generator=None, shape=tuple(draft.shape),
             temperature=self.refiner.temperature, grad_steps=self.grad_steps,
@@ -256,9 +260,11 @@ def build_draft_under_refiner(
     `stage3.self_training.loss_on` says."""
     cfdt = install_wind_orders(CFDT(cfg.stage1.model), wind)
     cfdt.load_state_dict(load_stage_weights(draft_ckpt, stage=draft_stage))
-    model = DraftUnderRefiner(cfdt, load_frozen(Refiner(cfg.stage2.model), stage2_ckpt, stage=2), **_sampling(cfg))
-    model.loss_on, model.grad_steps = cfg.stage3.self_training.loss_on, cfg.stage3.self_training.grad_steps
-    return model
+    st = cfg.stage3.self_training
+    return DraftUnderRefiner(
+        cfdt, load_frozen(Refiner(cfg.stage2.model), stage2_ckpt, stage=2), loss_on=st.loss_on,
+        grad_steps=st.grad_steps, **_sampling(cfg),
+    )  # fmt: skip
 
 
 def build_pipeline(cfg: ModelSetConfig, *, stage1_ckpt: Path, wind: WindCache | None = None) -> RefinerPipeline:
