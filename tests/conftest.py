@@ -75,6 +75,27 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
+def _unreachable_scontrol(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("no-host-slurm")
+    script = folder / "scontrol"
+    script.write_text('#!/bin/sh\necho "scontrol: no SLURM controller for the tests outside the slurm tier" >&2\nexit 1\n')
+    script.chmod(0o755)
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def _no_host_slurm(request, monkeypatch):
+    """Outside the slurm tier, `scontrol` fails at once. The slurm executor plugin runs
+    `scontrol show config` whenever snakemake starts; on a host with slurm-wlm installed and its
+    controller down (this machine between cluster tests) that waits 9 s for every snakemake
+    command, the same answer (no controller) that a host without SLURM gets at once."""
+    if request.node.get_closest_marker("slurm"):
+        return
+    folder = request.getfixturevalue("_unreachable_scontrol")
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
+@pytest.fixture(scope="session")
 def tiny_raw_master(tmp_path_factory) -> Path:
     from vcloud.data.synthetic import write_raw_tree
 
