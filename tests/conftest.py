@@ -78,7 +78,9 @@ def pytest_collection_modifyitems(config, items):
 def _unreachable_scontrol(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("no-host-slurm")
     script = folder / "scontrol"
-    script.write_text('#!/bin/sh\necho "scontrol: no SLURM controller for the tests outside the slurm tier" >&2\nexit 1\n')
+    script.write_text(
+        '#!/bin/sh\necho "scontrol: no SLURM controller for the tests outside the slurm tier" >&2\nexit 1\n'
+    )
     script.chmod(0o755)
     return folder
 

@@ -58,6 +58,7 @@ def _files(out):
     return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*.tif"))}
 
 
+@pytest.mark.slow  # over 10 s: docs/contributing.md, test tiers
 def test_round_trip_in_a_fresh_process_predicts_bit_identically(ckpt, bundle, tiny_store, tmp_path):
     from vcloud.cli import main
 

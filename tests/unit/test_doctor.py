@@ -416,6 +416,7 @@ def test_memory_above_one_gcd(base, model_set):
     assert report.errors == []
 
 
+@pytest.mark.slow  # over 10 s: docs/contributing.md, test tiers
 @pytest.mark.skipif(shutil.which("vcloud") is None, reason="vcloud not installed")
 def test_cli_exits_nonzero_with_one_line_per_problem(tmp_path):
     """The shipped placeholder account fails the pre-flight from the command line."""

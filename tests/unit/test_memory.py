@@ -88,6 +88,7 @@ def traced_real(model: CFDT, optimisations: Optimisations, batch, *, bf16: bool)
 # --- contract and the full configuration --------------------------------------------------------
 
 
+@pytest.mark.slow  # over 10 s: docs/contributing.md, test tiers
 def test_full_estimate_fits_only_with_the_optimisations():
     cfg = load_model_config(ROOT / "config/models/full.yaml")
     result = memory.estimate(cfg, names=())
@@ -111,6 +112,7 @@ def test_full_estimate_fits_only_with_the_optimisations():
     assert 0 < every["bytes"]["weight_copies"] <= 2 * result["cfdt_params"]
 
 
+@pytest.mark.slow  # over 10 s: docs/contributing.md, test tiers
 def test_cli_text_and_json(small, monkeypatch):
     monkeypatch.setattr(memory, "estimate", functools.partial(memory.estimate, size=64, batch=1))
     result = json.loads(memory.main(SMALL, True))
@@ -140,6 +142,7 @@ def with_optimisations(cfg, **changes):
     return dataclasses.replace(cfg, stage1=stage1)
 
 
+@pytest.mark.slow  # over 10 s: docs/contributing.md, test tiers
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
 def test_estimate_matches_real_cpu_saved_bytes(small, model, bf16):
     """Tolerance 1%: the fake and the real step run the same ATen ops on the same shapes,

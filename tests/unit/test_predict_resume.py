@@ -30,6 +30,7 @@ def _files(out):
     return {p.relative_to(out).as_posix(): p for p in sorted(out.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.kill  # over 10 s: docs/contributing.md, test tiers
 def test_killed_run_resumes_with_identical_files_redoing_only_unfinished(tiny_store, tmp_path):
     from vcloud.cli import main
 

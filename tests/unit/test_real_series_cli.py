@@ -93,6 +93,7 @@ def _works_or_one_line(run: subprocess.CompletedProcess, command: str, store: Pa
     return errors[0]
 
 
+@pytest.mark.slow  # over 10 s: docs/contributing.md, test tiers
 @pytest.mark.parametrize("name", list(STORES))
 def test_evaluate_and_predict_work_or_say_in_one_line_what_is_wrong(stores, ckpt, tmp_path, name):
     store = stores[name]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import pytest
 import yaml
 
 from vcloud.config import load_model_config
@@ -87,6 +88,7 @@ for step in range(200):
 """
 
 
+@pytest.mark.slow  # over 10 s: docs/contributing.md, test tiers
 def test_warn_after_forces_one_warning_and_the_resubmitted_job_resumes(tmp_path):
     """First job: SIGUSR1 arrives (early ones ignored until the handler exists), the trainer
     writes latest.pt and exits 3. The resubmitted job finds latest.pt: no warning, it finishes."""

@@ -135,6 +135,7 @@ def test_single_process_recomputes_only_when_the_config_allows(setup, tmp_path, 
     assert not (tmp_path / "missing.npz").exists()
 
 
+@pytest.mark.slow  # over 10 s: docs/contributing.md, test tiers
 def test_a_cpu_run_leaves_its_dataloader_workers_their_cores(setup, tmp_path, monkeypatch, caplog):
     """3 rule threads and 1 worker: the step runs on 2 threads (3 would oversubscribe the job), the
     rest of the job (setup, validation) on all 3."""

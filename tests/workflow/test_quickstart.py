@@ -57,6 +57,7 @@ def test_the_host_tools_are_pinned_and_this_machine_runs_the_pins():
     assert version_warnings(REPO) == []
 
 
+@pytest.mark.slow  # over 10 s: docs/contributing.md, test tiers
 def test_every_snakemake_and_vcloud_line_runs_here_as_typed(tmp_path):
     """Dry runs pass; real runs stop at the start check, before any submission, on what a
     fresh clone lacks here (the placeholder account, LUMI's paths)."""

@@ -38,6 +38,7 @@ def best(n: int) -> str:
     return f"results/{get_stage(n).folder}/best.pt"
 
 
+@pytest.mark.slow  # over 10 s: docs/contributing.md, test tiers
 def test_each_rule_passes_the_registry_checkpoints_by_path(commands):
     default = load_model_config(ROOT / "config/models/small.yaml")  # the default config's model set
     for stage in STAGES:

@@ -70,6 +70,7 @@ def test_lumi_dry_run_fetches_era5_wind_and_builds_the_cache(tmp_path):
     assert "vcloud doctor: train_stage" not in text  # no wind complaint from the doctor
 
 
+@pytest.mark.slow  # over 10 s: docs/contributing.md, test tiers
 def test_era5_wind_rule_against_a_local_store_feeds_prepare(tiny_raw_master, tmp_path):
     from tests.unit.test_era5 import write_arco_like
     from vcloud.data.era5 import wind_needs
