@@ -31,6 +31,15 @@ def pytest_addoption(parser):
     )
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """pyproject's `-n auto`: a run of whole folders (a plain `pytest`) goes to xdist workers, one
+    of named files or tests stays in one process (workers cost seconds to start). `-n N` or
+    `-n 0` on the command line chooses by itself; `--pdb` is always one process."""
+    named = [arg for arg in config.args if "::" in arg or not Path(arg.split("::")[0]).is_dir()]
+    return 0 if named else None
+
+
 def pytest_report_header(config):
     if config.getoption("--tier") == "fast" and not config.getoption("markexpr"):
         return f"tier: fast (heavy tiers {', '.join(HEAVY)} left out: --tier all or -m MARKER runs them)"
