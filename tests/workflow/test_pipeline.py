@@ -213,6 +213,8 @@ def test_rerun_one_stage_by_target(data_run):
 
 
 def _edges(mermaid: str) -> set[tuple[str, str]]:
+    """(rule, rule that takes its output) from snakemake's mermaid (`id3[name]` nodes, one edge a
+    line) or the README's (rule names as nodes, `a --> b & c`)."""
     names = {}
     edges = set()
     for line in mermaid.splitlines():
@@ -221,17 +223,36 @@ def _edges(mermaid: str) -> set[tuple[str, str]]:
             node, label = line[:-1].split("[", 1)
             names[node] = label
         elif "-->" in line:
-            a, b = (part.strip() for part in line.split("-->"))
-            edges.add((a, b))
-    return {(names[a], names[b]) for a, b in edges}
+            sources, targets = line.split("-->")
+            edges |= {(a.strip(), b.strip()) for a in sources.split("&") for b in targets.split("&")}
+    return {(names.get(a, a), names.get(b, b)) for a, b in edges}
 
 
-def test_readme_rule_graph_matches_the_workflow():
+def _one_line_per_rule(edges: set[tuple[str, str]]) -> str:
+    """The README's form of the graph: each rule (in dependency order) with the rules that take its
+    output."""
+    rules = sorted({rule for edge in edges for rule in edge})
+    order = []
+    while len(order) < len(rules):
+        order.append(next(r for r in rules if r not in order and {a for a, b in edges if b == r} <= set(order)))
+    lines = ["flowchart TB"]
+    for rule in order:
+        takers = sorted((b for a, b in edges if a == rule), key=order.index)
+        if takers:
+            lines.append(f"    {rule} --> {' & '.join(takers)}")
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/workflow.md"])
+def test_the_rule_graph_in_the_docs_matches_the_workflow(page):
     proc = run(["--rulegraph", "mermaid-js"], cwd=ROOT)
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("## Rule graph", 1)[1].split("```mermaid", 1)[1].split("```", 1)[0]
-    assert _edges(block) == _edges(proc.stdout)
-    assert _edges(block)  # the graph is not empty
+    workflow = _edges(proc.stdout)
+    assert workflow  # the graph is not empty
+    text = (ROOT / page).read_text()
+    block = text.split("```mermaid", 1)[1].split("```", 1)[0]
+    assert _edges(block) == workflow, (
+        f"{page}: the rule graph is out of date; the workflow's:\n{_one_line_per_rule(workflow)}"
+    )
 
 
 def test_wind_scan_config_adds_the_cache_rule_as_input_of_stages_1_to_3(tmp_path):
