@@ -2,6 +2,7 @@
 floor of only reading and decompressing the same chunks, measured in the same run.
 
     python bench/bench_loader.py [--samples 40] [--dates 16] [--size 256] [--workers 7] [--skip-raw]
+        [--detector-sizes 256 32] [--detector-repeats 3]
 
 A sample is one location at `dates` input dates plus one target date, all bands: S2 (13),
 S1 (2) and the cloud probability (17 x 3 chunks at the defaults). Single process unless said:
@@ -14,7 +15,7 @@ S1 (2) and the cloud probability (17 x 3 chunks at the defaults). Single process
   skips s2cloudless (LightGBM) on the clouded target, finish_batch runs it on the GPU.
 - cpu_normalised_dataset: CloudySamples(raw=False)[i], normalised in numpy (evaluation's path).
 - detector: seconds of s2cloudless per clouded target (every pixel touched) of 256x256 and
-  32x32: LightGBM on one thread (the worker's path), the torch traversal (data/cloud_trees.py)
+  32x32 (`--detector-sizes`; best of `--detector-repeats`): LightGBM on one thread (the worker's path), the torch traversal (data/cloud_trees.py)
   on the CPU (one thread, and all) and on CUDA when there is one (synchronised, warm).
 - legacy_zarr_reader: the format-1 path (zarr-python orthogonal selection + numpy normalisation).
 - dataloader: the training dataset as a GPU trains on it (detect="device") through a DataLoader
@@ -101,7 +102,7 @@ def _best_seconds(fn, arg, *, repeats: int, sync=lambda: None) -> float:
     return round(min(times), 4)
 
 
-def detector_seconds(store: Path, *, repeats: int = 3) -> dict:
+def detector_seconds(store: Path, *, sizes=(256, 32), repeats: int = 3) -> dict:
     """s2cloudless on one clouded target, every pixel touched: best of `repeats` per way and size."""
     import torch
 
@@ -109,7 +110,7 @@ def detector_seconds(store: Path, *, repeats: int = 3) -> dict:
     rng = np.random.default_rng(0)
     result: dict = {"cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
     threads = torch.get_num_threads()
-    for size in (256, 32):
+    for size in sizes:
         ground = np.resize(s2, (13, size, size)) if s2.shape[1] < size else s2[:, :size, :size]
         clouded = cloudsim.apply(np.ascontiguousarray(ground), *cloudsim.simulate(rng, (size, size), "thick"))
         pixels = torch.from_numpy(np.ascontiguousarray(np.moveaxis(clouded, 0, -1).reshape(-1, 13)))  # (N, 13)
@@ -147,6 +148,8 @@ def main() -> None:
     parser.add_argument("--dates", type=int, default=16, help="input dates; the target is one more")
     parser.add_argument("--workers", type=int, default=7, help="DataLoader workers (full.yaml: 7 per GCD)")
     parser.add_argument("--skip-raw", action="store_true", help="skip the slow GeoTIFF reference figures")
+    parser.add_argument("--detector-sizes", type=int, nargs="+", default=[256, 32], help="target sizes timed")
+    parser.add_argument("--detector-repeats", type=int, default=3, help="best of this many per way and size")
     add_tree_arguments(parser)
     args = parser.parse_args()
     raw = make_raw(args.workdir, patches=args.patches, times=args.times, size=args.size)
@@ -213,7 +216,7 @@ def main() -> None:
         "cfdt_full_gpu_samples_per_s_per_gcd": CFDT_FULL_SAMPLES_PER_S_PER_GCD,
         # At 7 cores per GCD, if workers scale as measured here (per-worker rate x 7):
         "loader_headroom_at_7_workers": round(7 * loader / max(workers, 1) / CFDT_FULL_SAMPLES_PER_S_PER_GCD, 1),
-        "detector": detector_seconds(store),
+        "detector": detector_seconds(store, sizes=args.detector_sizes, repeats=args.detector_repeats),
     }
     if not args.skip_raw:
         from vcloud.data.layout import scan_roi
