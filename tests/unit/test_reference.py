@@ -71,3 +71,12 @@ def test_errors_page_has_every_raise_of_the_package(tmp_path):
     ]
     page = errors_page()
     assert "{path}: checkpoint not found" in page and "## vcloud.train.checkpoint" in page
+
+
+def test_the_nav_names_each_page_once():
+    """A page under two titles in mkdocs.yml's nav shows twice in the site's menu (strict mode
+    lets that pass): one title per page."""
+    nav = (ROOT / "mkdocs.yml").read_text().split("\nnav:\n", 1)[1]
+    pages = re.findall(r"^\s*- (?:[^:\n]+: )?(\S+\.md)\s*$", nav, flags=re.MULTILINE)
+    assert len(pages) > 10, pages
+    assert sorted({p for p in pages if pages.count(p) > 1}) == []
