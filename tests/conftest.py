@@ -46,7 +46,7 @@ def pytest_report_header(config):
     return f"tier: {config.getoption('markexpr') or 'all'}"
 
 
-# Under pytest-xdist (`-n 3 --dist loadgroup --no-loadscope-reorder`, what CI runs), the tests
+# Under pytest-xdist's `--dist loadgroup` (a plain `pytest`, and .ci/run's run of every tier), the tests
 # that share one of these session fixtures run in one worker, so that it is made once: the
 # cluster, the small pipeline run. Any other test goes with its module (module fixtures, files
 # shared between tests). The groups go out in this order, the rest after them.
