@@ -115,7 +115,7 @@ def _route(graph: dict[str, set[str]], start: str, goal: tuple[str, ...]) -> lis
 def test_the_import_graph_sees_imports_inside_functions():
     graph = import_graph()
     assert "vcloud.data.store" in graph["vcloud.data.shards"]  # module level
-    assert "vcloud.evaluation.fixed_protocol" in graph["vcloud.cli"]  # inside _cmd_fixed_protocol
+    assert "vcloud.evaluation.fixed_protocol" in graph["vcloud.cli.data"]  # inside run_fixed_protocol
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
 
 

@@ -1,0 +1,59 @@
+"""The training commands: one stage, and the stage-1 model's memory estimate."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vcloud.cli._common import add_checkpoint_flags, add_env_flag, apply_env, checkpoints
+from vcloud.registry import STAGE_NUMBERS, STAGES
+
+
+def add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train one stage (resumes from latest.pt when interrupted)")
+    p.add_argument("--stage", type=int, choices=STAGE_NUMBERS, required=True)
+    p.add_argument("--config", type=Path, required=True, help="config/models/*.yaml")
+    p.add_argument("--train", type=Path, required=True, help="prepared train store")
+    p.add_argument("--val", type=Path, required=True, help="prepared val store")
+    p.add_argument("--out", type=Path, required=True, help="stage folder: best.pt, latest.pt, metrics.jsonl")
+    p.add_argument("--resume-dir", type=Path, help="folder of latest.pt (default: --out)")
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="train from the start: set latest.pt aside as latest.<id>.pt (kept) instead of resuming (docs/resume.md)",
+    )
+    built_on = sorted({n for s in STAGES for n in (*s.upstream, s.init_from) if n is not None})
+    add_checkpoint_flags(p, built_on, "stages that build on it")
+    p.add_argument("--wind-cache", type=Path, help="wind-scanner cache (when stage1.model.wind_scan)")
+    add_env_flag(p)
+    p.set_defaults(func=run_train)
+
+
+def run_train(args: argparse.Namespace) -> None:
+    apply_env(args)
+    from vcloud.train.run import run_training
+
+    run_training(
+        stage=args.stage,
+        config_path=args.config,
+        train=args.train,
+        val=args.val,
+        out=args.out,
+        resume_dir=args.resume_dir,
+        checkpoints=checkpoints(args),
+        wind_cache=args.wind_cache,
+        fresh=args.fresh,
+    )
+
+
+def add_memory(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("memory", help="memory estimate per component of the stage-1 model")
+    p.add_argument("--config", type=Path, required=True, help="config/models/*.yaml")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    p.set_defaults(func=run_memory)
+
+
+def run_memory(args: argparse.Namespace) -> None:
+    from vcloud.models.memory import main as memory_main
+
+    print(memory_main(args.config, args.json))
