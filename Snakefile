@@ -4,6 +4,7 @@ from snakemake.utils import min_version
 
 from vcloud.config import fill_defaults, fill_missing, validate_config
 from vcloud.config.workflow import fill_stage_resources
+from vcloud.runtime.site import apply_site
 
 min_version("9.0")
 
@@ -21,6 +22,8 @@ report: "workflow/report/workflow.rst"
 # Used as a module, the caller's config holds only what it changes (snakemake ignores the
 # configfile above then): the embedded defaults fill the rest.
 fill_missing(config, f"{VCLOUD_ROOT}/config/config.yaml")
+# A cluster run's site facts (config/sites/<cluster.site>.yaml) beneath its own cluster section.
+apply_site(config, VCLOUD_ROOT)
 # The stages' rules get their resources from the registry; the config's entries change them.
 fill_stage_resources(config)
 # One line naming the offending key, before any rule is built.

@@ -188,10 +188,29 @@ def stage_of_rule(rule: str) -> Stage | None:
 def stage_resources(config: dict) -> dict[str, dict]:
     """Every stage rule's resources entry under the workflow `config`: the registry's default
     (cluster or local, by the config's cluster section) updated by the config's own entry."""
-    cluster = bool(config.get("cluster"))
+    section = config.get("cluster") or {}
     given = config.get("resources") or {}
-    return {rule: {**stage.rule_resources(kind, cluster=cluster), **(given.get(rule) or {})}
-            for stage in STAGES for kind, rule in stage.rules.items()}  # fmt: skip
+    site = site_gpu_defaults(section)
+    out = {}
+    for stage in STAGES:
+        for kind, rule in stage.rules.items():
+            entry = stage.rule_resources(kind, cluster=bool(section))
+            if section:
+                entry.update(site)
+            out[rule] = {**entry, **(given.get(rule) or {})}
+    return out
+
+
+def site_gpu_defaults(section: dict) -> dict:
+    """A stage rule's request on the cluster's site (its GPU placement and per-GPU memory and
+    cores, config/sites/<site>.yaml) where the site file says; {} keeps DEFAULT_RESOURCES."""
+    placement, rules = section.get("placement") or {}, section.get("gpu_rules") or {}
+    found = {key: rules[key] for key in ("mem_mb_per_gpu", "threads") if key in rules}
+    if "threads" in rules:
+        found["cpus_per_gpu"] = rules["threads"]  # the cores each GPU gets on SLURM
+    if placement.get("gpu"):
+        found["partition"] = placement["gpu"]
+    return found
 
 
 def resolve(target: str) -> Callable:

@@ -118,7 +118,7 @@ def resources_json(rules, rule_resources: Callable, cluster) -> str:
                  "partition": res.partition}  # fmt: skip
         part = cluster.partitions.get(res.partition) if cluster else None
         if part is not None:
-            bill = billing(res, part)
+            bill = billing(res, part, cluster)
             entry["billing"] = {"unit": bill.unit, "per_hour": bill.per_hour}
         out[rule] = entry
     return json.dumps(out, sort_keys=True)

@@ -67,6 +67,13 @@ def run_image(args: argparse.Namespace) -> None:
 def add_rccl_check(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rccl-check", help="one all-reduce; fail unless RCCL logs aws-ofi-rccl over cxi")
     p.add_argument("--log-dir", type=Path, required=True, help="folder for RCCL's INFO log, one file per rank")
+    p.add_argument(
+        "--expect",
+        choices=("cxi", "ib", "unverified"),
+        default="cxi",
+        help="the site's transport (cluster.transport): cxi (aws-ofi over Slingshot, default), ib (NCCL's "
+        "InfiniBand) or unverified (any network but TCP sockets)",
+    )
     p.add_argument("--out", type=Path, required=True, help="report (JSON); written only when the check passes")
     add_env_flag(p)
     p.set_defaults(func=run_rccl_check)
@@ -76,9 +83,9 @@ def run_rccl_check(args: argparse.Namespace) -> None:
     from vcloud.runtime import transport
 
     apply_env(args)
-    report = transport.run_check(log_dir=args.log_dir, out=args.out)
+    report = transport.run_check(log_dir=args.log_dir, out=args.out, expect=args.expect)
     if report.get("ok"):
-        print(f"{args.out}: RCCL used aws-ofi-rccl over cxi on {report['world_size']} ranks")
+        print(f"{args.out}: the collectives used {args.expect} on {report['world_size']} ranks")
 
 
 def add_rehearsal_summary(sub: argparse._SubParsersAction) -> None:

@@ -20,13 +20,19 @@ def key_path(parts) -> str:
 
 def validate_config(config: dict, schema_path: Path, *, source: str = "config") -> None:
     """Raise ConfigError with one line naming the first offending key, or return None."""
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    if message := schema_errors(config, schema):
+        raise ConfigError(f"{source}: {message}")
+
+
+def schema_errors(instance, schema: dict) -> str | None:
+    """One line naming the first key of `instance` that `schema` refuses, or None."""
     import jsonschema
 
-    schema = yaml.safe_load(Path(schema_path).read_text())
     validator = jsonschema.Draft202012Validator(schema)
-    errors = sorted(validator.iter_errors(config), key=lambda e: (list(e.absolute_path), e.message))
+    errors = sorted(validator.iter_errors(instance), key=lambda e: (list(e.absolute_path), e.message))
     if not errors:
-        return
+        return None
     err = jsonschema.exceptions.best_match(errors)
     for candidate in errors:  # a renamed key explains the "missing" new one: name it first
         if candidate.validator == "additionalProperties" and any(
@@ -50,7 +56,7 @@ def validate_config(config: dict, schema_path: Path, *, source: str = "config") 
     else:
         message = f"key {key_path(where)}: {err.message}"
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
-    raise ConfigError(f"{source}: {message}{more}")
+    return message + more
 
 
 def fill_missing(config: dict, defaults_path: Path) -> dict:

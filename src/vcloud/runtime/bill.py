@@ -81,9 +81,10 @@ def rois_to_prepare(config: dict) -> tuple[list, str]:
     if raws and all(p.exists() for p in raws):
         try:
             return discover_raw_rois(raws), "under data.raw"
-        except Exception:  # a bad raw path is named by the workflow and by `vcloud prepare`
-            pass
-    return dataset_rois(), "of the dataset (data.rois: all)"
+        except Exception as err:  # named by the workflow and `vcloud prepare` too; here, in the bill
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            return dataset_rois(), f"of the dataset: data.raw could not be read ({first}), so not counted there"
+    return dataset_rois(), "of the dataset (data.rois: all; data.raw not there yet)"
 
 
 def _raw_paths(config: dict) -> list[str]:
@@ -212,7 +213,7 @@ def rule_bills(
             problems.append(f"resources.{rule}.runtime: {err}")
             retries = cluster.spare_retries
         hours, basis = _expected(rule, res, cluster, model_set, epoch_minutes, retries)
-        bill = billing(res, part)
+        bill = billing(res, part, cluster)
         bills.append(
             RuleBill(
                 rule, jobs, why, unit=bill.unit, per_hour=bill.per_hour, formula=bill.formula,
@@ -223,12 +224,12 @@ def rule_bills(
 
 
 def totals(bills: list[RuleBill]) -> dict[str, dict[str, float]]:
-    """{"expected"|"worst": {"GPU-h": x, "core-h": y}}."""
+    """{"expected"|"worst": {unit: total}}, GPU-h and core-h always there (0 when unused)."""
     out = {"expected": {"GPU-h": 0.0, "core-h": 0.0}, "worst": {"GPU-h": 0.0, "core-h": 0.0}}
     for bill in bills:
         if bill.jobs:
-            out["expected"][bill.unit] += bill.expected
-            out["worst"][bill.unit] += bill.worst
+            out["expected"][bill.unit] = out["expected"].get(bill.unit, 0.0) + bill.expected
+            out["worst"][bill.unit] = out["worst"].get(bill.unit, 0.0) + bill.worst
     return out
 
 

@@ -169,6 +169,10 @@ def rule_resources(config: dict, key: str, overrides: dict | None = None) -> Rul
 
 
 def check_resources(config: dict, cluster: Cluster, report: Report, overrides: dict | None = None) -> None:
+    gcd = _gpu_word(cluster)
+    cpu_part = cluster.placement.get("cpu", "small")
+    gpu_part = cluster.placement.get("gpu", "small-g")
+    whole = [p.name for p in cluster.partitions.values() if p.full_nodes and p.gpus_per_node]
     for key in config["resources"]:
         res = rule_resources(config, key, overrides)
         where = f"resources.{key}"
@@ -183,22 +187,22 @@ def check_resources(config: dict, cluster: Cluster, report: Report, overrides: d
         if res.nodes > part.max_nodes:
             report.errors.append(
                 f"{where}.nodes: {res.nodes} nodes do not fit {part.name} "
-                f"(at most {part.max_nodes}; several nodes: standard-g)"
+                f"(at most {part.max_nodes}{'; several nodes: ' + ', '.join(whole) if whole else ''})"
             )
         if part.gpus_per_node == 0 and res.gpus:
-            report.errors.append(f"{where}.gpus: {part.name} has no GPUs; use a -g partition")
+            report.errors.append(f"{where}.gpus: {part.name} has no GPUs; use a GPU partition ({gpu_part})")
         elif part.gpus_per_node and not res.gpus:
             report.errors.append(
-                f"{where}.gpus: 0 on the GPU partition {part.name} (billed in GPU hours); use small for CPU rules"
+                f"{where}.gpus: 0 on the GPU partition {part.name} (billed in GPU hours); use {cpu_part} for CPU rules"
             )
         elif res.gpus > part.gpus_per_node:
             report.errors.append(
-                f"{where}.gpus: {res.gpus} per node, but a {part.name} node has {part.gpus_per_node} GCDs"
+                f"{where}.gpus: {res.gpus} per node, but a {part.name} node has {part.gpus_per_node} {gcd}s"
             )
         elif part.full_nodes and res.gpus != part.gpus_per_node:
             report.errors.append(
                 f"{where}.gpus: {part.name} allocates and bills whole nodes; ask "
-                f"for all {part.gpus_per_node} GCDs or use small-g"
+                f"for all {part.gpus_per_node} {gcd}s or use {gpu_part}"
             )
         if res.gpus and res.gpus * res.cpus_per_gpu < 2:
             report.errors.append(
@@ -206,8 +210,8 @@ def check_resources(config: dict, cluster: Cluster, report: Report, overrides: d
                 "rule needs 2 (it runs its own job step, and the SLURM plugin "
                 "asks for 2 tasks per node: SLURM refuses more tasks than cores)"
             )
-        if part.gpus_per_node and not part.full_nodes and res.gpus == part.gpus_per_node:
-            per_hour = billing(res, part).per_hour
+        if part.whole_nodes_on and not part.full_nodes and res.gpus == part.gpus_per_node:
+            per_hour = billing(res, part, cluster).per_hour
             report.warnings.append(
                 f"{where}: all {res.gpus} GCDs of a node on {part.name} cost {per_hour:g} GPU-h/h, the price of "
                 "standard-g, without its CPU binding and with a longer wait for an empty node; use partition "
@@ -217,11 +221,17 @@ def check_resources(config: dict, cluster: Cluster, report: Report, overrides: d
             report.errors.append(
                 f"{where}.rehearse_warning: the forced warning runs on one GCD only, not {res.world_size} ranks"
             )
-        if res.gpus and res.gpus * res.cpus_per_gpu > 56:
+        if res.gpus and part.cpus_per_node and res.gpus * res.cpus_per_gpu > part.cpus_per_node:
             report.errors.append(
-                f"{where}.cpus_per_gpu: {res.cpus_per_gpu} x {res.gpus} GCDs is "
-                "more than the 56 cores a LUMI-G node gives (7 per GCD)"
+                f"{where}.cpus_per_gpu: {res.cpus_per_gpu} x {res.gpus} {_gpu_word(cluster)}s is more than the "
+                f"{part.cpus_per_node} cores a {part.name} node gives "
+                f"({part.cpus_per_node // part.gpus_per_node} per {_gpu_word(cluster)})"
             )
+
+
+def _gpu_word(cluster: Cluster) -> str:
+    """What the site's users call one GPU: a GCD on LUMI's MI250X."""
+    return "GCD" if cluster.vendor == "amd" else "GPU"
 
 
 def _hours(minutes: int) -> str:
@@ -237,8 +247,8 @@ def billed_hours(
     *,
     model_set=None,
     epoch_minutes: dict | None = None,
-) -> None:
-    """What LUMI bills for the run, rule by rule (vcloud.runtime.bill): each rule's jobs x its
+) -> list:
+    """What the site bills for the run, rule by rule (vcloud.runtime.bill): each rule's jobs x its
     price per hour x the hours of one job, expected (epoch times, else the wall time) and in
     the worst case (every attempt the workflow allows at its full wall time). Over the budget
     in the worst case is a warning; expected over it, an error."""
@@ -252,30 +262,50 @@ def billed_hours(
         epoch_minutes=epoch_minutes,
     )
     report.errors += [p for p in problems if p not in report.errors]  # check_resubmission may name it
+    if cluster.billing_formula == "lumi":
+        how = (
+            f"{BILLING_SOURCE}; GPU-h: 0.5 per GCD-hour on small-g/dev-g, 4 per node-hour "
+            "on standard-g; core-h on small: max(cores, memory / 2 GB)"
+        )
+    else:
+        verified = "" if cluster.billing_verified else "; formula unverified: an estimate"
+        how = f"{cluster.billing_source}: {cluster.billing_formula} in {cluster.billing_unit}{verified}"
     report.lines.append(
-        f"Bill per rule ({BILLING_SOURCE}; GPU-h: 0.5 per GCD-hour on small-g/dev-g, 4 per node-hour "
-        "on standard-g; core-h on small: max(cores, memory / 2 GB)): jobs x price x hours, expected "
+        f"Bill per rule ({how}): jobs x price x hours, expected "
         "and worst case (retries + 1 attempts at the full wall time):"
     )
     report.lines += [line(bill) for bill in bills]
     sums = totals(bills)
-    expected, worst = sums["expected"]["GPU-h"], sums["worst"]["GPU-h"]
+    unit = cluster.billing_unit
+    expected, worst = sums["expected"].get(unit, 0.0), sums["worst"].get(unit, 0.0)
     budget = cluster.gpu_hour_budget
     share = 100 * worst / budget if budget else float("inf")
-    report.lines.append(
-        f"  total {expected:.1f} GPU-h expected, {worst:.1f} GPU-h worst case ({share:.1f} % of the "
-        f"{budget:.0f} GPU-h budget); {sums['expected']['core-h']:.1f} CPU core-h expected, "
-        f"{sums['worst']['core-h']:.1f} worst case"
-    )
+    if unit == "GPU-h":
+        report.lines.append(
+            f"  total {expected:.1f} GPU-h expected, {worst:.1f} GPU-h worst case ({share:.1f} % of the "
+            f"{budget:.0f} GPU-h budget); {sums['expected']['core-h']:.1f} CPU core-h expected, "
+            f"{sums['worst']['core-h']:.1f} worst case"
+        )
+    else:
+        others = "; ".join(
+            f"{sums['expected'][u]:.1f} {u} expected, {sums['worst'][u]:.1f} worst case"
+            for u in sums["expected"]
+            if u != unit and sums["worst"][u]
+        )
+        report.lines.append(
+            f"  total {expected:.1f} {unit} expected, {worst:.1f} {unit} worst case ({share:.1f} % of the "
+            f"{budget:.0f} {unit} budget){'; ' + others if others else ''}"
+        )
     if expected > budget:
         report.errors.append(
-            f"cluster.gpu_hour_budget: the run is expected to need {expected:.0f} GPU-h, more than the budget of {budget:.0f}"
+            f"cluster.gpu_hour_budget: the run is expected to need {expected:.0f} {unit}, more than the budget of {budget:.0f}"
         )
     elif worst > budget:
         report.warnings.append(
-            f"cluster.gpu_hour_budget: the worst case (every retry at its full wall time) needs {worst:.0f} GPU-h, "
+            f"cluster.gpu_hour_budget: the worst case (every retry at its full wall time) needs {worst:.0f} {unit}, "
             f"more than the budget of {budget:.0f}"
         )
+    return bills
 
 
 def check_resubmission(
@@ -362,8 +392,45 @@ def check_wind(
             )
 
 
-def check_memory(model_set, cluster: Cluster, report: Report, *, estimate=None) -> None:
-    """The stage-1 step estimate (fake tensors, ~10 s) against one GCD."""
+def check_site(
+    config: dict, cluster: Cluster, report: Report, overrides: dict | None = None, *, bills=(), cwd: Path | None = None
+) -> None:
+    """The run against the site's facts: QOS and partition minimums, image architectures,
+    storage the site purges, caches under a small $HOME, and what the site file only guesses."""
+    from vcloud.runtime import site_checks
+
+    used = set()
+    for key in config["resources"]:
+        res = rule_resources(config, key, overrides)
+        used.add(res.partition)
+        report.errors += site_checks.check_qos(res, cluster, f"resources.{key}")
+    errors, warnings = site_checks.check_images(cluster, sorted(p for p in used if p in cluster.partitions))
+    report.errors += errors
+    report.warnings += [w for w in warnings if "cannot be read here" not in w]  # the login node may lack it
+    run_hours = sum(b.expected_hours for b in bills if b.rule in TRAIN_RULES and b.jobs)
+    errors, warnings = site_checks.check_purge(config, cluster, Path(cwd or "."), run_hours)
+    report.errors += errors
+    report.warnings += warnings
+    report.errors += site_checks.check_home_caches(cluster, config.get("runtime_env") or {})
+    report.warnings += site_checks.unverified_lines(cluster)
+
+
+def stage_gpus(config: dict, cluster: Cluster, overrides: dict | None = None) -> dict[str, list[str]]:
+    """{partition: [stage rules]} of the stage rules that run on a GPU partition of the site."""
+    found: dict[str, list[str]] = {}
+    for stage in STAGES:
+        for rule in stage.rules.values():
+            res = rule_resources(config, rule, overrides)
+            if res.gpus and cluster.gpu_of(res.partition) is not None:
+                found.setdefault(res.partition, []).append(rule)
+    return found
+
+
+def check_memory(
+    model_set, cluster: Cluster, report: Report, *, estimate=None, partitions: list[str] | None = None
+) -> None:
+    """The stage-1 step estimate (fake tensors, ~10 s) against one GPU of each partition the
+    stage rules use (default: the site's GPU placement)."""
     try:
         from vcloud.models.memory import estimate as run_estimate
     except ImportError:  # torch is not on a LUMI login node
@@ -374,12 +441,33 @@ def check_memory(model_set, cluster: Cluster, report: Report, *, estimate=None) 
         return
     result = estimate or run_estimate(model_set)
     gb = result["cfdt_gb_configured"]
-    report.lines.append(f"stage-1 memory estimate: {gb:.1f} GB per GCD (limit {cluster.gcd_memory_gb:.0f} GB)")
-    if gb > cluster.gcd_memory_gb:
+    for name in partitions or [cluster.placement.get("gpu", "small-g")]:
+        gpu = cluster.gpu_of(name)
+        if gpu is None:
+            continue
+        report.lines.append(
+            f"stage-1 memory estimate: {gb:.1f} GB per GPU (limit {gpu.memory_gb:g} GB: {name}'s {gpu.model})"
+        )
+        if gb > gpu.memory_gb:
+            report.errors.append(
+                f"memory: the stage-1 step needs about {gb:.1f} GB, more than the "
+                f"{gpu.memory_gb:g} GB of one {gpu.model} on {name}; turn on the memory "
+                "optimisations or lower the batch size in the model config"
+            )
+
+
+def check_precision(model_set, cluster: Cluster, partitions: dict[str, list[str]], report: Report) -> None:
+    """bf16 on a GPU without it (compute capability < 8.0: P100, V100) is refused before
+    submission; torch.cuda.is_bf16_supported() would say yes there, through emulation."""
+    bf16 = [stage.name for stage in STAGES if getattr(model_set, stage.name).train.bf16]
+    for name, rules in partitions.items():
+        gpu = cluster.gpu_of(name)
+        if gpu is None or gpu.has_bf16 or not bf16:
+            continue
         report.errors.append(
-            f"memory: the stage-1 step needs about {gb:.1f} GB, more than the "
-            f"{cluster.gcd_memory_gb:.0f} GB of one GCD; turn on the memory "
-            "optimisations or lower the batch size in the model config"
+            f"{model_set.name}: {', '.join(s + '.train.bf16' for s in bf16)} is on, but {', '.join(rules)} run on "
+            f"{name}, whose {gpu.model} (compute capability {gpu.compute_capability:g}) has no bf16; set "
+            "train.bf16: false for them in the model config, or run on a partition with compute capability >= 8.0"
         )
 
 
@@ -451,10 +539,13 @@ def preflight(
         report.errors.append(str(err))
         return report
     check_wind(config, model_set, train_inputs, report, overrides)
+    gpus = stage_gpus(config, cluster, overrides)
+    check_precision(model_set, cluster, gpus, report)
     if memory:
-        check_memory(model_set, cluster, report)
+        check_memory(model_set, cluster, report, partitions=sorted(gpus) or None)
     check_resubmission(config, model_set, cluster, report, overrides, epoch_minutes)
-    billed_hours(config, cluster, report, overrides, model_set=model_set, epoch_minutes=epoch_minutes)
+    bills = billed_hours(config, cluster, report, overrides, model_set=model_set, epoch_minutes=epoch_minutes)
+    check_site(config, cluster, report, overrides, bills=bills, cwd=cwd)
     from vcloud.runtime.budget import check_budget  # data budget against cluster.quotas
 
     check_budget(config, model_set if memory else None, report)

@@ -54,20 +54,48 @@ def apply(settings: dict[str, str], environ: MutableMapping[str, str] = os.envir
     return done
 
 
-def log_gpu_state(local_rank: int) -> None:
-    """Local rank 0 logs rocm-smi (seed 003's smoke test) when the tool is there."""
+def gpu_tool() -> str:
+    """The vendor's state tool for the torch build: rocm-smi under ROCm, nvidia-smi under CUDA."""
+    import torch
+
+    return "rocm-smi" if getattr(torch.version, "hip", None) else "nvidia-smi"
+
+
+def log_gpu_state(local_rank: int, tool: str | None = None) -> None:
+    """Local rank 0 logs rocm-smi or nvidia-smi (seed 003's smoke test) when the tool is there."""
     if local_rank != 0:
         return
-    tool = shutil.which("rocm-smi")
-    if tool is None:
-        log.info("rocm-smi: not on PATH, GPU state not logged")
+    name = tool or gpu_tool()
+    path = shutil.which(name)
+    if path is None:
+        log.info("%s: not on PATH, GPU state not logged", name)
         return
     try:
-        out = subprocess.run([tool], capture_output=True, text=True, timeout=60, check=False)
+        out = subprocess.run([path], capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
-        log.warning("rocm-smi: %s", err)
+        log.warning("%s: %s", name, err)
         return
-    log.info("rocm-smi (exit %d):\n%s", out.returncode, (out.stdout + out.stderr).rstrip())
+    log.info("%s (exit %d):\n%s", name, out.returncode, (out.stdout + out.stderr).rstrip())
+
+
+def check_bf16(bf16: bool, device: str, *, where: str, capability=None, name: str | None = None) -> None:
+    """bf16 on a CUDA GPU below compute capability 8.0 (P100, V100) is refused at start, as the
+    doctor refuses it before submission: torch.cuda.is_bf16_supported() says yes there, through
+    emulation. ROCm (MI250X) and the CPU pass. `capability`/`name`: the device's, for tests."""
+    if not bf16 or not str(device).startswith("cuda"):
+        return
+    import torch
+
+    if getattr(torch.version, "hip", None):
+        return
+    major, minor = capability or torch.cuda.get_device_capability(device)
+    if (major, minor) >= (8, 0):
+        return
+    gpu = name or torch.cuda.get_device_name(device)
+    raise ConfigError(
+        f"{where}: {gpu} (compute capability {major}.{minor}) has no bf16 (emulated only); set train.bf16: false "
+        "in the model config, or run on a GPU of compute capability >= 8.0"
+    )
 
 
 def cpu_budget(environ: MutableMapping[str, str] = os.environ) -> int:

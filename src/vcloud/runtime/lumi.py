@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from vcloud.errors import ConfigError
 
@@ -49,8 +49,24 @@ LUMI_CPU_MASKS = (
 )
 
 # Placeholders that must not reach sbatch: the shipped config/lumi.yaml carries one.
+BILLING_SOURCE = "LUMI user guide, docs/runjobs/lumi_env/billing.md"
 _PLACEHOLDER = re.compile(r"X{3,}|CHANGE|<|>|your", re.IGNORECASE)
-_ACCOUNT = re.compile(r"^project_\d{9}$")
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One GPU of a partition (one GCD on LUMI's MI250X)."""
+
+    model: str
+    memory_gb: float
+    compute_capability: float | None  # CUDA's; None on AMD
+    gres_type: str | None = None  # --gres=gpu:<type>:N where the site names types
+
+    @property
+    def has_bf16(self) -> bool:
+        """Native bf16: AMD CDNA2+ (MI250X), CUDA compute capability >= 8.0 (Ampere). Not
+        torch.cuda.is_bf16_supported(): it answers True on P100/V100 through emulation."""
+        return self.compute_capability is None or self.compute_capability >= 8.0
 
 
 @dataclass(frozen=True)
@@ -62,6 +78,15 @@ class Partition:
     full_nodes: bool  # whole nodes are allocated (and billed): ask for every GCD of them
     whole_nodes_on: str | None = None  # a job asking for a whole node goes there instead
     max_running: int | None = None  # a user's jobs running at once (dev-g: 1)
+    arch: str = "x86_64"  # CPU architecture of its nodes: the image must be built for it
+    min_gpus: int = 0  # GPUs a job must ask for at least (Olivia's accel: 1)
+    cpus_per_node: int | None = None  # cores a job may use on one node (LUMI-G: 56)
+    gpu: GPU | None = None  # None: a CPU partition
+    billing_weights: dict | None = None  # weighted_max billing: {cpu, mem_gib, gpu} units per hour
+
+    def __post_init__(self) -> None:
+        if isinstance(self.gpu, dict):
+            object.__setattr__(self, "gpu", GPU(**self.gpu))
 
     @property
     def job_resource(self) -> str:
@@ -80,7 +105,6 @@ class Cluster:
     binds: tuple[str, ...]
     containlibs: tuple[str, ...]
     cpu_masks: tuple[str, ...]
-    gcd_memory_gb: float
     gpu_hour_budget: float
     partitions: dict[str, Partition]
     jobs: int
@@ -89,6 +113,24 @@ class Cluster:
     restart_minutes: float = 10.0
     spare_retries: int = 2
     env_image: str | None = None  # squashfs venv made by `vcloud image`, bound at /user-software
+    title: str = "LUMI"  # the site's name as its users write it
+    account_pattern: str = r"^project_\d{9}$"
+    account_example: str = "project_465000123"
+    vendor: str = "amd"  # amd: ROCm, RCCL; nvidia: CUDA, NCCL, apptainer --nv
+    gpu_request: str = "gpus"  # gpus: --gpus/--gpus-per-node (cons_tres); gres: --gres=gpu[:type]:N
+    runner: str = "singularity"  # the container command of self-launched steps
+    images: dict = field(default_factory=dict)  # CPU architecture -> image (else `image`)
+    placement: dict = field(default_factory=dict)  # cpu, gpu, rehearsal partitions; rehearsal_qos
+    qos: dict = field(default_factory=dict)  # name -> {max_runtime, max_gpus, max_running, whole_nodes}
+    billing_formula: str = "lumi"  # lumi | weighted_max | gpu_hours
+    billing_unit: str = "GPU-h"
+    billing_source: str = BILLING_SOURCE
+    billing_verified: bool = True
+    transport: str = "cxi"  # cxi | ib | unverified
+    unverified: tuple[str, ...] = ()  # keys of the site file that are guesses
+    quotas: dict = field(default_factory=dict, compare=False)
+    home: str | None = None
+    home_bytes: float | None = None
 
     @classmethod
     def from_config(cls, config: dict) -> Cluster | None:
@@ -99,6 +141,7 @@ class Cluster:
         if section.get("pylibs") and section.get("env_image"):
             raise ConfigError("cluster: pylibs and env_image both set; keep one (env_image: `vcloud image`)")
         partitions = {name: Partition(name=name, **values) for name, values in section["partitions"].items()}
+        billing = section.get("billing") or {}
         return cls(
             name=section["name"],
             account=account,
@@ -107,7 +150,6 @@ class Cluster:
             binds=tuple(_expand(b, account) for b in section["binds"]),
             containlibs=tuple(section["containlibs"]),
             cpu_masks=tuple(section.get("cpu_masks") or LUMI_CPU_MASKS),
-            gcd_memory_gb=float(section.get("gcd_memory_gb", 64)),
             gpu_hour_budget=float(section["gpu_hour_budget"]),
             partitions=partitions,
             jobs=int(section.get("jobs", 32)),
@@ -116,6 +158,24 @@ class Cluster:
             restart_minutes=float(section.get("restart_minutes", 10)),
             spare_retries=int(section.get("spare_retries", 2)),
             env_image=_expand(section.get("env_image"), account),
+            title=section.get("title", section["name"]),
+            account_pattern=section.get("account_pattern", r"^project_\d{9}$"),
+            account_example=section.get("account_example", "project_465000123"),
+            vendor=section.get("vendor", "amd"),
+            gpu_request=section.get("gpu_request", "gpus"),
+            runner=section.get("runner", "singularity"),
+            images={arch: _expand(path, account) for arch, path in (section.get("images") or {}).items()},
+            placement=dict(section.get("placement") or {}),
+            qos=dict(section.get("qos") or {}),
+            billing_formula=billing.get("formula", "lumi"),
+            billing_unit=billing.get("unit", "GPU-h"),
+            billing_source=billing.get("source") or BILLING_SOURCE,
+            billing_verified=bool(billing.get("verified", True)),
+            transport=section.get("transport", "cxi"),
+            unverified=tuple(section.get("unverified") or ()),
+            quotas=dict(section.get("quotas") or {}),
+            home=section.get("home"),
+            home_bytes=section.get("home_bytes"),
         )
 
     # --- container -----------------------------------------------------------------------
@@ -131,7 +191,7 @@ class Cluster:
     def container_env(self) -> dict[str, str]:
         """Variables the host sets before `apptainer exec` (the profile's precommand)."""
         libs = ",".join(self.containlibs)
-        env = {"SINGULARITY_CONTAINLIBS": libs, "APPTAINER_CONTAINLIBS": libs}
+        env = {"SINGULARITY_CONTAINLIBS": libs, "APPTAINER_CONTAINLIBS": libs} if libs else {}
         if self.env_image:  # the venv inside it comes first on PATH (LUMI AI guide, ch. 2)
             for prefix in ("SINGULARITYENV", "APPTAINERENV"):
                 env[f"{prefix}_PREPEND_PATH"] = "/user-software/venv/bin"
@@ -148,12 +208,26 @@ class Cluster:
         """Why cluster.account cannot be submitted with, or None."""
         if _PLACEHOLDER.search(self.account):
             return (
-                f"cluster.account: {self.account!r} is a placeholder; set your LUMI project "
-                "(e.g. project_465000123) in config/lumi.yaml"
+                f"cluster.account: {self.account!r} is a placeholder; set your {self.title} project "
+                f"(e.g. {self.account_example}) in config/{self.name}.yaml"
             )
-        if not _ACCOUNT.match(self.account):
-            return f"cluster.account: {self.account!r} is not a LUMI project (project_ and 9 digits)"
+        if not re.match(self.account_pattern, self.account):
+            return (
+                f"cluster.account: {self.account!r} is not a {self.title} project "
+                f"(like {self.account_example}: {self.account_pattern})"
+            )
         return None
+
+    # --- the site's facts ------------------------------------------------------------------
+
+    def image_for(self, partition: str | None) -> str:
+        """The image built for the CPU architecture of `partition`'s nodes."""
+        part = self.partitions.get(partition or "")
+        return self.images.get(part.arch if part else "x86_64", self.image)
+
+    def gpu_of(self, partition: str) -> GPU | None:
+        part = self.partitions.get(partition)
+        return None if part is None else part.gpu
 
     def global_resources(self) -> dict[str, int]:
         """`resources:` of the profile: one slot per job a capped partition may run at once."""
@@ -205,6 +279,7 @@ class RuleResources:
     mem_mb_per_gpu: int | None = None
     epoch_minutes: float | None = None  # estimated time of one epoch (training rules)
     rehearse_warning: int | None = None  # seconds: a forced wall-time warning (the dev-g rehearsal)
+    qos: str | None = None  # --qos (Sigma2's devel for rehearsals)
 
     @classmethod
     def from_config(cls, config: dict, key: str, rule: str | None = None) -> RuleResources:
@@ -220,13 +295,14 @@ class RuleResources:
             runtime=entry["runtime"],
             mem_mb=per_gpu * gpus if per_gpu is not None else entry["mem_mb"],
             threads=entry["threads"],
-            partition=entry.get("partition", "small"),
+            partition=entry.get("partition") or _default_partition(config, gpus),
             gpus=gpus,
             nodes=entry.get("nodes", 1),
             cpus_per_gpu=entry.get("cpus_per_gpu", 7),
             mem_mb_per_gpu=per_gpu,
             epoch_minutes=entry.get("epoch_minutes"),
             rehearse_warning=entry.get("rehearse_warning"),
+            qos=entry.get("qos"),
         )
 
     @property
@@ -292,6 +368,12 @@ class RuleResources:
         )
 
 
+def _default_partition(config: dict, gpus: int) -> str:
+    """A resources entry without a partition: the site's placement (LUMI's names without one)."""
+    placement = (config.get("cluster") or {}).get("placement") or {}
+    return placement.get("gpu" if gpus else "cpu") or ("small-g" if gpus else "small")
+
+
 # Resource names of the plugin that set tasks or GPUs other than through `gpu`/`nodes`.
 _GEOMETRY = (
     "tasks",
@@ -326,7 +408,6 @@ def _int_override(overrides: dict, name: str, default: int, where: str) -> int:
 # ceil(cores / 8), ceil(memory / 64 GB), GCDs) per hour. CPU partitions: core-hours, on partial
 # nodes (small) max(cores, ceil(memory / 2 GB)), on whole nodes (standard) 128 per node-hour.
 # Memory counts in SLURM's units (1 GB = 1024 MB), as requested with --mem.
-BILLING_SOURCE = "LUMI user guide, docs/runjobs/lumi_env/billing.md"
 _CORES_PER_GCD_SLICE = 8  # 64 cores / 8 GCDs of a LUMI-G node
 _MEM_PER_GCD_SLICE_MB = 64 * 1024  # 512 GB / 8 GCDs
 _MEM_PER_CORE_MB = 2 * 1024  # LUMI-C: 256 GB / 128 cores
@@ -343,7 +424,46 @@ class Billing:
         return self.per_hour * wall_hours
 
 
-def billing(res: RuleResources, part: Partition) -> Billing:
+def billing(res: RuleResources, part: Partition, cluster: Cluster | None = None) -> Billing:
+    """What the site bills per wall hour for a job of these resources on this partition: the
+    partition's own formula where it has one (billing_weights: Sigma2's weighted maximum),
+    else the site's (LUMI's slices without a cluster). An unverified formula says so."""
+    formula = cluster.billing_formula if cluster is not None else "lumi"
+    if part.billing_weights:
+        formula = "weighted_max"
+    if formula == "lumi":
+        bill = lumi_billing(res, part)
+    elif formula == "weighted_max":
+        bill = weighted_max_billing(res, part, unit=cluster.billing_unit if cluster else "BU-h")
+    else:  # gpu_hours: a GPU-hour quota (Olivia's accel); a CPU partition then in core-hours
+        gpus = res.gpus * res.nodes
+        bill = (
+            Billing("GPU-h", float(gpus), f"{gpus} GPUs")
+            if part.gpus_per_node
+            else Billing("core-h", float(res.cores), f"{res.cores} cores")
+        )
+    if cluster is not None and not cluster.billing_verified:
+        bill = replace(bill, formula=f"{bill.formula}; formula unverified: an estimate")
+    return bill
+
+
+def weighted_max_billing(res: RuleResources, part: Partition, *, unit: str) -> Billing:
+    """Sigma2: units per hour = max(CPUs x cpu, memory GiB x mem_gib, GPUs x gpu), of what the
+    job asks for (documentation.sigma2.no, jobs/projects_accounting)."""
+    weights = part.billing_weights or {}
+    cpus = res.cores
+    mem_gib = res.mem_mb * res.nodes / 1024
+    gpus = res.gpus * res.nodes
+    terms = {
+        "CPUs": cpus * weights.get("cpu", 1),
+        "GiB": mem_gib * weights.get("mem_gib", 0),
+        "GPUs": gpus * weights.get("gpu", 0),
+    }
+    shown = ", ".join(f"{value:g} for {name}" for name, value in terms.items())
+    return Billing(unit, round(max(terms.values()), 6), f"max({shown})")
+
+
+def lumi_billing(res: RuleResources, part: Partition) -> Billing:
     """What LUMI bills per wall hour for a job of these resources on this partition."""
     if part.gpus_per_node:
         if part.full_nodes:
@@ -442,11 +562,20 @@ def slurm_resources(res: RuleResources, cluster: Cluster | None) -> dict:
     out: dict = {"runtime": res.runtime, "mem_mb": res.mem_mb, "slurm_partition": res.partition}
     if cluster is not None:
         out["slurm_account"] = cluster.account
-    if res.gpus:
+    gres = cluster is not None and cluster.gpu_request == "gres"
+    if res.gpus and gres:
+        # --gres=gpu[:type]:N per node and plain CPUs: what a site without select/cons_tres
+        # takes (--gpus and --cpus-per-gpu need it). The self-launched step needs >= 2 tasks
+        # per node (below): one core each, so the job holds exactly gpus x cpus_per_gpu cores.
+        out["gres"] = gres_string(res, cluster)
+        out["cpus_per_task"] = 1
+    elif res.gpus:
         out["gpu"] = res.gpus * res.nodes  # --gpus=N in total
         out["cpus_per_gpu"] = res.cpus_per_gpu
     else:
         out["cpus_per_task"] = res.threads
+    if res.qos:
+        out["qos"] = res.qos
     if res.multinode:
         out["nodes"] = res.nodes
     if self_launched(res, cluster):
@@ -454,7 +583,8 @@ def slurm_resources(res: RuleResources, cluster: Cluster | None) -> dict:
         # plugin wants more than one task per node for an mpi job; one-task launches use
         # fewer tasks than the allocation allows, which SLURM permits.
         out["mpi"] = "srun"
-        out["tasks_per_node"] = max(_tasks_per_node(res, cluster), 2)
+        cores = res.gpus * res.cpus_per_gpu if res.gpus else res.threads
+        out["tasks_per_node"] = max(cores if gres and res.gpus else _tasks_per_node(res, cluster), 2)
         out["slurm_extra"] = signal_option(cluster.signal_seconds)
     if cluster is not None:
         part = cluster.partitions.get(res.partition)
@@ -467,6 +597,20 @@ def _tasks_per_node(res: RuleResources, cluster: Cluster | None, tasks_per_node:
     if tasks_per_node:
         return tasks_per_node
     return res.gpus if per_gcd_tasks(res, cluster) else 1
+
+
+def gres_string(res: RuleResources, cluster: Cluster) -> str:
+    """gpu:N or gpu:<type>:N (GPUs per node) for --gres, typed where the site's partition is."""
+    gpu = cluster.gpu_of(res.partition)
+    kind = f"gpu:{gpu.gres_type}" if gpu is not None and gpu.gres_type else "gpu"
+    return f"{kind}:{res.gpus}"
+
+
+def gpu_option(res: RuleResources, cluster: Cluster) -> str:
+    """The self-launched step's GPU request, in the form the site takes."""
+    if cluster.gpu_request == "gres":
+        return f"--gres={gres_string(res, cluster)}"
+    return f"--gpus-per-node={res.gpus}"
 
 
 def uses_container(res: RuleResources, cluster: Cluster | None) -> bool:
@@ -506,9 +650,9 @@ def step_prefix(res: RuleResources, cluster: Cluster, *, tasks_per_node: int | N
             raise ConfigError(
                 f"cluster.cpu_masks: {len(cluster.cpu_masks)} masks for {tasks} tasks per node ({res.rule})"
             )
-        geometry += [f"--gpus-per-node={res.gpus}", f"--cpu-bind=mask_cpu:{','.join(masks)}"]
+        geometry += [gpu_option(res, cluster), f"--cpu-bind=mask_cpu:{','.join(masks)}"]
     elif res.gpus:  # one task holding every GCD and core of the allocation
-        geometry += [f"--gpus-per-node={res.gpus}", f"--cpus-per-task={res.gpus * res.cpus_per_gpu}"]
+        geometry += [gpu_option(res, cluster), f"--cpus-per-task={res.gpus * res.cpus_per_gpu}"]
     else:
         geometry += [f"--cpus-per-task={res.threads}"]
     exports = [f"export {k}={shlex.quote(v)}" for k, v in cluster.container_env().items()]
@@ -520,7 +664,10 @@ def step_prefix(res: RuleResources, cluster: Cluster, *, tasks_per_node: int | N
             "export APPTAINERENV_MASTER_ADDR=$SINGULARITYENV_MASTER_ADDR",
             "export APPTAINERENV_MASTER_PORT=$SINGULARITYENV_MASTER_PORT",
         ]
-    run = f"srun {' '.join(geometry)} singularity exec {cluster.apptainer_args()} {shlex.quote(cluster.image)}"
+    # --nv (NVIDIA): the host's driver libraries, on GPU steps only, never on CPU rules.
+    nv = " --nv" if cluster.vendor == "nvidia" and res.gpus else ""
+    image = shlex.quote(cluster.image_for(res.partition))
+    run = f"srun {' '.join(geometry)} {cluster.runner} exec{nv} {cluster.apptainer_args()} {image}"
     if res.rehearse_warning and res.world_size == 1:
         # The dev-g rehearsal: SLURM's warning forced early, once per stage (runtime/launch.py).
         run += f" python3 -m vcloud.runtime.launch --warn-after {res.rehearse_warning}"

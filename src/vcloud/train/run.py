@@ -14,7 +14,7 @@ import torch
 
 from vcloud.config import config_hash, load_model_config, stage_config_dict
 from vcloud.registry import get_stage
-from vcloud.runtime.env import cpu_budget, log_gpu_state, step_threads
+from vcloud.runtime.env import check_bf16, cpu_budget, log_gpu_state, step_threads
 from vcloud.train import distributed
 from vcloud.wind.stage_orders import load_wind_orders
 
@@ -66,6 +66,7 @@ def run_training(
         )
         log_gpu_state(env.local_rank)
         stage_cfg = getattr(cfg, spec.name)
+        check_bf16(stage_cfg.train.bf16, device, where=f"{config_path}: {spec.name}.train.bf16")
         torch.manual_seed(stage_cfg.train.seed)  # identical initial weights on every rank
         task = spec.build(cfg, train=train, val=val, checkpoints=upstream, wind=wind, device=device)
         picked = stage_config_dict(cfg, stage)

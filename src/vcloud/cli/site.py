@@ -1,0 +1,49 @@
+"""The site commands: the shipped sites and what they offer, and a site's snakemake profile."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_profile(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "profile", help="write profiles/<site> (and ./<site>) from config/<site>.yaml and config/sites/<site>.yaml"
+    )
+    p.add_argument("--site", required=True, help="a site of config/sites/ (`vcloud sites` lists them)")
+    p.add_argument("--root", type=Path, default=Path("."), help="the repository root (default: here)")
+    p.add_argument("--check", action="store_true", help="fail when the profile differs, write nothing")
+    p.set_defaults(func=run_profile)
+
+
+def run_profile(args: argparse.Namespace) -> None:
+    from vcloud.runtime.profile import write_site_profile
+
+    for line in write_site_profile(args.site, args.root, check=args.check):
+        print(line)
+
+
+def add_sites(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sites", help="the shipped sites: GPU partitions, GPUs, billing, what is unverified")
+    p.add_argument("--root", type=Path, default=Path("."), help="the repository root (default: here)")
+    p.set_defaults(func=run_sites)
+
+
+def run_sites(args: argparse.Namespace) -> None:
+    from vcloud.runtime.site import load_site, site_names
+
+    for name in site_names(args.root):
+        facts = load_site(name, args.root)
+        gpus = [
+            f"{part} ({values['gpus_per_node']} x {values['gpu']['model']}, {values['gpu']['memory_gb']:g} GB, "
+            f"{values.get('arch', 'x86_64')})"
+            for part, values in facts["partitions"].items()
+            if values.get("gpu")
+        ]
+        billing = facts.get("billing") or {}
+        guesses = f"; unverified: {', '.join(facts['unverified'])}" if facts.get("unverified") else ""
+        print(
+            f"{name}: {facts.get('title', name)}, {facts.get('vendor', 'amd')}, GPUs as "
+            f"--{'gres' if facts.get('gpu_request') == 'gres' else 'gpus'}; {'; '.join(gpus)}; billed "
+            f"{billing.get('formula', 'lumi')} in {billing.get('unit', 'GPU-h')}{guesses}"
+        )

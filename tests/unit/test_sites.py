@@ -1,0 +1,271 @@
+"""Sites: every fact of a cluster in config/sites/<site>.yaml, beneath the run's cluster
+section; the GPU request form, --nv, images per architecture, billing formulas and the
+pre-flight refusals follow the site file (issue: every cluster the team uses)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vcloud.config import load_model_config
+from vcloud.errors import ConfigError
+from vcloud.runtime.doctor import Report, check_memory, check_precision, stage_gpus
+from vcloud.runtime.lumi import Cluster, RuleResources, billing, launch_prefix, slurm_resources, uses_container
+from vcloud.runtime.profile import load_workflow_config, render
+from vcloud.runtime.site import apply_site, load_site, site_names
+
+REPO = Path(__file__).resolve().parents[2]
+SITES = ("betzy", "eagle", "lumi", "olivia", "saga")
+
+
+def site_config(site: str, **cluster) -> dict:
+    config = load_workflow_config(REPO / "config" / f"{site}.yaml")
+    config["cluster"]["account"] = load_site(site, REPO)["account_example"]
+    config["cluster"].update(cluster)
+    return config
+
+
+def resources(config: dict, rule: str) -> RuleResources:
+    return RuleResources.from_config(config, rule)
+
+
+def test_every_shipped_site_loads_and_its_run_file_names_it():
+    assert site_names(REPO) == list(SITES)
+    for site in SITES:
+        config = site_config(site)
+        cluster = Cluster.from_config(config)
+        assert cluster.name == site and cluster.account_problem() is None
+        gpu = cluster.partitions[cluster.placement["gpu"]]
+        assert gpu.gpu is not None and gpu.gpus_per_node > 0, site
+        assert resources(config, "train_stage1").partition == cluster.placement["gpu"]
+        assert resources(config, "prepare_roi").partition == cluster.placement["cpu"]
+
+
+def test_the_placeholder_account_of_a_run_file_is_refused_with_the_site_pattern():
+    cluster = Cluster.from_config(load_workflow_config(REPO / "config" / "saga.yaml"))
+    assert "placeholder; set your Saga project (e.g. nn1234k) in config/saga.yaml" in cluster.account_problem()
+    wrong = Cluster.from_config(site_config("saga", account="project_465000123"))
+    assert "is not a Saga project (like nn1234k" in wrong.account_problem()
+
+
+def test_nvidia_gpu_steps_run_with_nv_and_cpu_rules_without():
+    config = site_config("saga")
+    cluster = Cluster.from_config(config)
+    train = resources(config, "train_stage1")
+    line = launch_prefix(train, cluster)
+    assert " singularity exec --nv -B /cluster " in line and "--gpus-per-node=1" in line
+    assert "/cluster/projects/nn1234k/vcloud/pytorch.sif" in line
+    assert not uses_container(train, cluster)
+    cpu = resources(config, "prepare_roi")
+    assert uses_container(cpu, cluster) and launch_prefix(cpu, cluster) == ""
+    assert "--nv" not in render(cluster)  # never in snakemake's global apptainer arguments
+    lumi = Cluster.from_config(site_config("lumi"))
+    assert "--nv" not in launch_prefix(resources(site_config("lumi"), "train_stage1"), lumi)
+
+
+def test_a_gres_site_asks_for_typed_gpus_on_sbatch_and_srun_alike():
+    config = site_config("eagle")
+    cluster = Cluster.from_config(config)
+    train = resources(config, "train_stage1")
+    sbatch = slurm_resources(train, cluster)
+    assert sbatch["gres"] == "gpu:h100:1" and "gpu" not in sbatch and "cpus_per_gpu" not in sbatch
+    # one core per task, as many tasks as the cores the step takes: exactly gpus x cpus_per_gpu
+    assert sbatch["cpus_per_task"] == 1 and sbatch["tasks_per_node"] == train.gpus * train.cpus_per_gpu
+    line = launch_prefix(train, cluster)
+    assert "--gres=gpu:h100:1" in line and "--gpus-per-node" not in line and "exec --nv" in line
+    gpus = slurm_resources(resources(site_config("saga"), "train_stage1"), Cluster.from_config(site_config("saga")))
+    assert gpus["gpu"] == 1 and "gres" not in gpus
+
+
+def test_olivia_runs_gpu_steps_in_its_arm_image_and_sets_the_ll128_guard():
+    config = site_config("olivia")
+    cluster = Cluster.from_config(config)
+    line = launch_prefix(resources(config, "train_stage1"), cluster)
+    assert "apptainer exec --nv" in line and "pytorch-aarch64.sif" in line
+    assert cluster.image_for("normal").endswith("pytorch-x86_64.sif")
+    assert config["runtime_env"]["NCCL_PROTO"] == "^LL128" and config["runtime_env"]["NCCL_CROSS_NIC"] == "1"
+    assert "MIOPEN_USER_DB_PATH" not in config["runtime_env"]  # LUMI's ROCm settings stay LUMI's
+
+
+@pytest.mark.parametrize(
+    ("site", "partition", "per_hour", "unit"),
+    [
+        ("saga", "a100", 8.0, "BU-h"),  # max(6 CPUs, 58.6 GiB x 0.032, 1 GPU x 8)
+        ("saga", "accel", 6.0, "BU-h"),  # max(6, 58.6 x 0.0659 = 3.86, 1 x 6)
+        ("betzy", "accel", 16.0, "BU-h"),  # max(16 CPUs, 58.6 x 0.1294 = 7.58, 1 x 16)
+        ("olivia", "accel", 1.0, "GPU-h"),  # the GPU-hour quota: GPUs x hours
+        ("eagle", "proxima", 1.0, "GPU-h"),
+        ("lumi", "small-g", 0.5, "GPU-h"),  # LUMI's slices, unchanged
+    ],
+)
+def test_each_site_bills_a_one_gpu_stage_job_by_its_own_formula(site, partition, per_hour, unit):
+    config = site_config(site)
+    config["resources"]["train_stage1"]["partition"] = partition
+    cluster = Cluster.from_config(config)
+    bill = billing(resources(config, "train_stage1"), cluster.partitions[partition], cluster)
+    assert (bill.per_hour, bill.unit) == (per_hour, unit), bill.formula
+    assert ("unverified" in bill.formula) == (site == "eagle")
+
+
+def test_bf16_on_a_pre_ampere_gpu_is_refused_before_submission():
+    config = site_config("saga")
+    for rule in config["resources"]:
+        if rule.startswith(("train_stage", "evaluate_stage")):
+            config["resources"][rule]["partition"] = "accel"
+    cluster = Cluster.from_config(config)
+    report = Report()
+    check_precision(load_model_config(REPO / "config/models/full.yaml"), cluster, stage_gpus(config, cluster), report)
+    assert len(report.errors) == 1
+    assert "stage1.train.bf16" in report.errors[0] and "P100 (compute capability 6)" in report.errors[0]
+    assert "set train.bf16: false" in report.errors[0]
+    report = Report()
+    small = load_model_config(REPO / "config/models/small.yaml")  # bf16 off
+    check_precision(small, cluster, stage_gpus(config, cluster), report)
+    assert report.errors == []
+
+
+def test_a_model_that_does_not_fit_the_partition_gpu_is_refused():
+    cluster = Cluster.from_config(site_config("saga"))
+    model = load_model_config(REPO / "config/models/full.yaml")
+    report = Report()
+    check_memory(model, cluster, report, estimate={"cfdt_gb_configured": 30.0}, partitions=["accel", "a100"])
+    assert len(report.errors) == 1 and "30.0 GB, more than the 16 GB of one P100 on accel" in report.errors[0]
+
+
+# --- bad site files: one line naming the file and the key ------------------------------------
+
+
+def site_root(tmp_path: Path, name: str, facts: dict) -> Path:
+    """A repository root holding the schema and one site file."""
+    (tmp_path / "workflow" / "schemas").mkdir(parents=True)
+    shutil.copy(REPO / "workflow/schemas/config.schema.yaml", tmp_path / "workflow/schemas")
+    (tmp_path / "config" / "sites").mkdir(parents=True)
+    (tmp_path / "config" / "sites" / f"{name}.yaml").write_text(yaml.safe_dump(facts))
+    return tmp_path
+
+
+def saga_facts() -> dict:
+    return yaml.safe_load((REPO / "config/sites/saga.yaml").read_text())
+
+
+def test_an_unknown_site_names_the_known_ones():
+    with pytest.raises(
+        ConfigError, match=r"cluster.site: 'nowhere': no config/sites/nowhere.yaml \(sites: betzy, eagle"
+    ):
+        apply_site({"cluster": {"site": "nowhere"}}, REPO)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda f: f.pop("partitions"), "missing key partitions"),
+        (lambda f: f["partitions"]["a100"]["gpu"].update(memory_gb="lots"), "key partitions.a100.gpu.memory_gb"),
+        (lambda f: f.update(gpu_request="gpu"), "key gpu_request"),
+        (lambda f: f.update(account="nn1234k"), "account is the user's, not the site's"),
+        (lambda f: f["partitions"]["a100"].update(gpus=4), "unknown key partitions.a100.gpus"),
+    ],
+)
+def test_a_bad_site_file_is_refused_naming_file_and_key(tmp_path, change, message):
+    facts = saga_facts()
+    facts["name"] = "testsite"
+    change(facts)
+    root = site_root(tmp_path, "testsite", facts)
+    with pytest.raises(ConfigError) as err:
+        load_site("testsite", root)
+    assert str(err.value).startswith(str(root / "config/sites/testsite.yaml")) and message in str(err.value)
+
+
+def test_the_run_section_lies_over_the_site_facts(tmp_path):
+    facts = saga_facts()
+    facts["name"] = "testsite"
+    root = site_root(tmp_path, "testsite", facts)
+    config = {"cluster": {"site": "testsite", "account": "nn1234k", "jobs": 4}, "runtime_env": {"NCCL_DEBUG": "INFO"}}
+    apply_site(config, root)
+    assert config["cluster"]["jobs"] == 4 and config["cluster"]["partitions"]["a100"]["gpus_per_node"] == 4
+    assert config["runtime_env"]["NCCL_DEBUG"] == "INFO" and config["runtime_env"]["WANDB_MODE"] == "disabled"
+    assert "env" not in config["cluster"]
+
+
+def test_a_raw_path_that_cannot_be_read_is_named_in_the_bill(tmp_path):
+    from vcloud.runtime.bill import rois_to_prepare
+
+    raw = tmp_path / "SEN12MS-CR-TS"
+    raw.write_text("not an archive, not a folder")
+    config = site_config("saga")
+    config["data"]["raw"] = str(raw)
+    rois, why = rois_to_prepare(config)
+    assert len(rois) == 53 and "data.raw could not be read" in why and "not counted there" in why
+    config["data"]["raw"] = str(tmp_path / "absent")
+    assert "data.raw not there yet" in rois_to_prepare(config)[1]
+
+
+def test_every_site_epoch_estimate_is_below_its_partition_wall_time():
+    for site in SITES:
+        config = site_config(site)
+        for n in range(4):
+            res = resources(config, f"train_stage{n}")
+            assert res.epoch_minutes and res.epoch_minutes < res.runtime, (site, n)
+
+
+# --- the transport check reads NCCL's own log -----------------------------------------------
+
+NCCL_LOGS = Path(__file__).parent / "data" / "nccl"
+
+
+@pytest.mark.parametrize(
+    ("expect", "log", "problem"),
+    [
+        ("ib", "ib.log", None),
+        ("ib", "socket.log", "NCCL fell back to TCP sockets (Using network Socket), not ib"),
+        ("ib", "cxi.log", "no InfiniBand line"),
+        ("cxi", "cxi.log", None),
+        ("cxi", "socket.log", "no aws-ofi-rccl and no cxi line"),
+        ("cxi", "ib.log", "no aws-ofi-rccl and no cxi line"),
+        ("unverified", "ib.log", None),
+        ("unverified", "cxi.log", None),
+        ("unverified", "socket.log", "NCCL fell back to TCP sockets"),
+    ],
+)
+def test_the_transport_check_tells_ib_cxi_and_the_socket_fallback(expect, log, problem):
+    from vcloud.runtime.transport import transport_problems
+
+    found = transport_problems({log: (NCCL_LOGS / log).read_text()}, expect=expect)
+    if problem is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and found[0].startswith(f"{log}: ") and problem in found[0]
+
+
+# --- the trainer repeats the capability check on the device ----------------------------------
+
+
+def test_the_trainer_refuses_bf16_on_a_pre_ampere_device():
+    from vcloud.runtime.env import check_bf16
+
+    with pytest.raises(
+        ConfigError, match=r"full.yaml: stage1.train.bf16: Tesla P100-PCIE-16GB \(compute capability 6.0\)"
+    ):
+        check_bf16(True, "cuda:0", where="full.yaml: stage1.train.bf16", capability=(6, 0), name="Tesla P100-PCIE-16GB")
+    check_bf16(True, "cuda:0", where="x", capability=(8, 0), name="A100")  # Ampere: allowed
+    check_bf16(False, "cuda:0", where="x", capability=(6, 0), name="P100")  # off: nothing to refuse
+    check_bf16(True, "cpu", where="x")  # the CPU runs bf16 autocast where asked
+
+
+def test_rank_zero_logs_the_vendor_tool_and_says_when_it_is_missing(caplog, tmp_path, monkeypatch):
+    import logging
+
+    from vcloud.runtime.env import log_gpu_state
+
+    tool = tmp_path / "nvidia-smi"
+    tool.write_text("#!/bin/sh\necho 'NVIDIA-SMI 550.54  GPU 0: NVIDIA H100'\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with caplog.at_level(logging.INFO, logger="vcloud.runtime.env"):
+        log_gpu_state(0, tool="nvidia-smi")
+        log_gpu_state(0, tool="rocm-smi")
+        log_gpu_state(1, tool="nvidia-smi")  # only local rank 0
+    text = caplog.text
+    assert text.count("NVIDIA-SMI 550.54") == 1 and "rocm-smi: not on PATH" in text

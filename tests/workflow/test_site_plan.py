@@ -1,0 +1,104 @@
+"""A site the code has never seen, from one new file: its profile is written and snakemake
+plans the run on it with the site's partitions, typed GPU GRES and `--nv` on the GPU steps."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.lumi.helpers import stand_in_env
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.workflow
+
+NEW_SITE = {
+    "name": "kestrel",
+    "title": "Kestrel",
+    "account_pattern": "^grp[0-9]{3}$",
+    "account_example": "grp001",
+    "vendor": "nvidia",
+    "gpu_request": "gres",
+    "runner": "apptainer",
+    "transport": "ib",
+    "billing": {"formula": "gpu_hours", "unit": "GPU-h", "source": "made up for the test", "verified": False},
+    "placement": {"cpu": "cpu", "gpu": "gpu"},
+    "gpu_rules": {"mem_mb_per_gpu": 30000, "threads": 4},
+    "image": "/site/images/torch.sif",
+    "binds": ["/site"],
+    "containlibs": [],
+    "partitions": {
+        "cpu": {"max_runtime": 1440, "max_nodes": 2, "gpus_per_node": 0, "full_nodes": False},
+        "gpu": {
+            "max_runtime": 4320,
+            "max_nodes": 1,
+            "gpus_per_node": 2,
+            "full_nodes": False,
+            "gpu": {"model": "T4", "memory_gb": 16, "compute_capability": 7.5, "gres_type": "t4"},
+        },
+    },
+    "env": {"NCCL_IB_DISABLE": "0"},
+}
+
+
+def copy_repo(dest: Path) -> Path:
+    """The working tree as a clone of it holds (tracked and new files, not the ignored), without the new site."""
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for name in files.splitlines():
+        source = REPO / name
+        if source.is_file() and not source.is_symlink():
+            target = dest / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    return dest
+
+
+def test_a_new_site_from_one_file_plans_a_run(tmp_path):
+    repo = copy_repo(tmp_path / "repo")
+    (repo / "config" / "sites" / "kestrel.yaml").write_text(yaml.safe_dump(NEW_SITE, sort_keys=False))
+    raw = tmp_path / "raw"
+    for roi in ("ROIs1868/119", "ROIs2017/22", "ROIs1158/119"):
+        (raw / roi).mkdir(parents=True)
+    run = {
+        "data": {"raw": str(raw), "rois": ["ROIs1868/119", "ROIs2017/22", "ROIs1158/119"], "patch_size": 32},
+        "model_config": "config/models/small.yaml",  # bf16 off: the T4 (7.5) has none
+        "cluster": {"site": "kestrel", "account": "grp042", "gpu_hour_budget": 1000},
+        "synthetic": {"enabled": False},
+    }
+    (repo / "config" / "kestrel.yaml").write_text(yaml.safe_dump(run))
+    made = subprocess.run(
+        [sys.executable, "-m", "vcloud.cli", "profile", "--site", "kestrel"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr
+    assert (repo / "kestrel").resolve() == (repo / "profiles" / "kestrel").resolve()
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--profile", "kestrel", "-n", "-p", "--directory", str(tmp_path / "work")],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=stand_in_env(tmp_path),
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    block = out[out.index("rule train_stage1:") :]
+    block = block[: block.index("\n\n")]
+    assert "slurm_partition=gpu" in block and "gres=gpu:t4:1" in block and "slurm_account=grp042" in block, block
+    assert "srun --nodes=1 --ntasks-per-node=1 --gres=gpu:t4:1 --cpus-per-task=4 apptainer exec --nv" in block
+    assert "--env NCCL_IB_DISABLE=0" in block
+    prepare = out[out.index("rule prepare_roi:") :]
+    prepare = prepare[: prepare.index("\n\n")]
+    assert "slurm_partition=cpu" in prepare and "--nv" not in prepare
