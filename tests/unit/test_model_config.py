@@ -2,6 +2,7 @@
 stage hash (what a setting's change reruns)."""
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -58,17 +59,20 @@ def test_unknown_key_is_named_with_its_path_and_the_allowed_keys(tmp_path):
     assert "tmt_layers" in text
 
 
-@pytest.mark.parametrize(("where", "value", "expected"), [
-    (("stage0", "train", "epochs"), "3", "key stage0.train.epochs: expected an integer, got '3'"),
-    (("stage0", "train", "epochs"), True, "key stage0.train.epochs: expected an integer, got True"),
-    (("stage2", "train", "lr"), "fast", "key stage2.train.lr: expected a number, got 'fast'"),
-    (("stage1", "train", "bf16"), 1, "key stage1.train.bf16: expected true or false, got 1"),
-    (("stage1", "model", "widths"), [8, 8, 8], "key stage1.model.widths: expected 4 values, got 3"),
-    (("stage1", "model", "widths"), 8, "key stage1.model.widths: expected a list, got 8"),
-    (("stage2", "model", "schedule"), "cubic", "key stage2.model.schedule: 'cubic' is not one of cosine, linear"),
-    (("stage0", "model"), [1], "key stage0.model: expected a mapping, got list"),
-    (("name",), 3, "key name: expected a string, got 3"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("where", "value", "expected"),
+    [
+        (("stage0", "train", "epochs"), "3", "key stage0.train.epochs: expected an integer, got '3'"),
+        (("stage0", "train", "epochs"), True, "key stage0.train.epochs: expected an integer, got True"),
+        (("stage2", "train", "lr"), "fast", "key stage2.train.lr: expected a number, got 'fast'"),
+        (("stage1", "train", "bf16"), 1, "key stage1.train.bf16: expected true or false, got 1"),
+        (("stage1", "model", "widths"), [8, 8, 8], "key stage1.model.widths: expected 4 values, got 3"),
+        (("stage1", "model", "widths"), 8, "key stage1.model.widths: expected a list, got 8"),
+        (("stage2", "model", "schedule"), "cubic", "key stage2.model.schedule: 'cubic' is not one of cosine, linear"),
+        (("stage0", "model"), [1], "key stage0.model: expected a mapping, got list"),
+        (("name",), 3, "key name: expected a string, got 3"),
+    ],
+)
 def test_wrong_type_is_one_line_naming_the_key(tmp_path, where, value, expected):
     data = small()
     node = data
@@ -139,35 +143,41 @@ def test_the_hash_of_an_unchanged_config_is_stable(tmp_path):
     assert len(set(hashes(small(), tmp_path))) == len(STAGE_NUMBERS)  # every stage its own
 
 
-@pytest.mark.parametrize(("edit", "reruns"), [
-    # Stage 1 starts from the autoencoder (stage1.init_from_stage0): it is upstream of every stage...
-    (lambda d: d["stage0"]["model"].update(latent_channels=d["stage0"]["model"]["latent_channels"] + 1), {0, 1, 2, 3}),
-    (lambda d: d["stage1"].update(init_from_stage0=False), {1, 2, 3}),
-    (lambda d: d["stage2"]["model"].update(ensemble=2), {2, 3}),
-    (lambda d: d["stage1"]["model"].update(gate_width=d["stage1"]["model"]["gate_width"] * 2), {1, 2, 3}),
-    (lambda d: d["stage2"]["model"].update(sample_steps=d["stage2"]["model"]["sample_steps"] + 1), {2, 3}),
-    (lambda d: d["stage3"].setdefault("self_training", {}).update(max_seed_spread=0.5), {3}),
-    # A stage's whole identity is upstream of its dependants, training settings included: other
-    # stage-1 weights make stages 2 and 3 other experiments (docs/resume.md).
-    (lambda d: d["stage1"]["train"].update(lr=d["stage1"]["train"]["lr"] * 2), {1, 2, 3}),
-    (lambda d: d["stage0"]["train"].update(epochs=d["stage0"]["train"]["epochs"] + 1), {0, 1, 2, 3}),
-    (lambda d: d["stage1"]["curriculum"].update(all_from=1.0), {1, 2, 3}),
-    (lambda d: d["stage2"]["train"].update(lr=d["stage2"]["train"]["lr"] * 2), {2, 3}),
-    # Data settings feed every stage.
-    (lambda d: d["data"].update(input_dates=d["data"]["input_dates"] + 1), {0, 1, 2, 3}),
-    # How a run is observed, not what it learns.
-    (lambda d: [d[f"stage{n}"]["train"].update(tensorboard=False) for n in STAGE_NUMBERS], set()),
-    (lambda d: d.update(name="renamed"), set()),
-    # How the stages are evaluated: the evaluations rerun (their own hash), no stage retrains...
-    (lambda d: d["evaluation"]["uncrtaints"].update(region="europa"), set()),
-    (lambda d: d["evaluation"].update(nearest_clear_max_cover=0.2), set()),
-    # ...but stages 1-3 choose their best checkpoint on the natural-cloud protocols of the val
-    # split too: what those read (T of uncrtaints, reference truths) reruns them.
-    (lambda d: d["evaluation"]["uncrtaints"].update(dates=4), {1, 2, 3}),
-    (lambda d: d["evaluation"].update(reference_truths=2), {1, 2, 3}),
-    (lambda d: d["stage2"].update(clear_share=0.5), {2, 3}),
-    (lambda d: d["stage3"]["self_training"].update(natural_clouds=8), {3}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("edit", "reruns"),
+    [
+        # Stage 1 starts from the autoencoder (stage1.init_from_stage0): it is upstream of every stage...
+        (
+            lambda d: d["stage0"]["model"].update(latent_channels=d["stage0"]["model"]["latent_channels"] + 1),
+            {0, 1, 2, 3},
+        ),
+        (lambda d: d["stage1"].update(init_from_stage0=False), {1, 2, 3}),
+        (lambda d: d["stage2"]["model"].update(ensemble=2), {2, 3}),
+        (lambda d: d["stage1"]["model"].update(gate_width=d["stage1"]["model"]["gate_width"] * 2), {1, 2, 3}),
+        (lambda d: d["stage2"]["model"].update(sample_steps=d["stage2"]["model"]["sample_steps"] + 1), {2, 3}),
+        (lambda d: d["stage3"].setdefault("self_training", {}).update(max_seed_spread=0.5), {3}),
+        # A stage's whole identity is upstream of its dependants, training settings included: other
+        # stage-1 weights make stages 2 and 3 other experiments (docs/resume.md).
+        (lambda d: d["stage1"]["train"].update(lr=d["stage1"]["train"]["lr"] * 2), {1, 2, 3}),
+        (lambda d: d["stage0"]["train"].update(epochs=d["stage0"]["train"]["epochs"] + 1), {0, 1, 2, 3}),
+        (lambda d: d["stage1"]["curriculum"].update(all_from=1.0), {1, 2, 3}),
+        (lambda d: d["stage2"]["train"].update(lr=d["stage2"]["train"]["lr"] * 2), {2, 3}),
+        # Data settings feed every stage.
+        (lambda d: d["data"].update(input_dates=d["data"]["input_dates"] + 1), {0, 1, 2, 3}),
+        # How a run is observed, not what it learns.
+        (lambda d: [d[f"stage{n}"]["train"].update(tensorboard=False) for n in STAGE_NUMBERS], set()),
+        (lambda d: d.update(name="renamed"), set()),
+        # How the stages are evaluated: the evaluations rerun (their own hash), no stage retrains...
+        (lambda d: d["evaluation"]["uncrtaints"].update(region="europa"), set()),
+        (lambda d: d["evaluation"].update(nearest_clear_max_cover=0.2), set()),
+        # ...but stages 1-3 choose their best checkpoint on the natural-cloud protocols of the val
+        # split too: what those read (T of uncrtaints, reference truths) reruns them.
+        (lambda d: d["evaluation"]["uncrtaints"].update(dates=4), {1, 2, 3}),
+        (lambda d: d["evaluation"].update(reference_truths=2), {1, 2, 3}),
+        (lambda d: d["stage2"].update(clear_share=0.5), {2, 3}),
+        (lambda d: d["stage3"]["self_training"].update(natural_clouds=8), {3}),
+    ],
+)
 def test_what_a_change_reruns(tmp_path, edit, reruns):
     assert changed(tmp_path, edit) == reruns
 
@@ -212,3 +222,35 @@ def test_stage_config_dict_holds_data_its_section_and_upstream_models_only():
     assert set(stage_config_dict(cfg, 1)) == {"data", "stage0", "stage1", "upstream", "validation"}
     with pytest.raises(ConfigError, match="no stage 7"):
         stage_config_dict(cfg, 7)
+
+
+# --- derived model configs: based_on a file beside it, changes only ---------------------------
+
+
+def test_a_derived_config_reads_its_base_and_changes_only_what_it_names(tmp_path):
+    from vcloud.config import config_to_dict
+
+    shipped = Path(__file__).resolve().parents[2] / "config" / "models"
+    (tmp_path / "full.yaml").write_text((shipped / "full.yaml").read_text())
+    (tmp_path / "short.yaml").write_text("based_on: full.yaml\nname: short\nstage1: {train: {epochs: 2}}\n")
+    full = config_to_dict(load_model_config(tmp_path / "full.yaml"))
+    short = config_to_dict(load_model_config(tmp_path / "short.yaml"))
+    assert short["name"] == "short" and short["stage1"]["train"]["epochs"] == 2
+    short["name"], short["stage1"]["train"]["epochs"] = full["name"], full["stage1"]["train"]["epochs"]
+    assert short == full
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("based_on: full.yaml\nstage1: {train: {epochz: 2}}\n", "stage1.train.epochz: no such key to override"),
+        ("based_on: short.yaml\nname: loop\n", "based_on: short.yaml derives from itself"),
+        ("based_on: absent.yaml\n", "absent.yaml: model configuration file not found"),
+    ],
+)
+def test_a_bad_derived_config_is_refused_naming_file_and_key(tmp_path, text, message):
+    shipped = Path(__file__).resolve().parents[2] / "config" / "models"
+    (tmp_path / "full.yaml").write_text((shipped / "full.yaml").read_text())
+    (tmp_path / "short.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_model_config(tmp_path / "short.yaml")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vcloud.config import load_model_config
+from vcloud.config import config_to_dict, load_model_config
 from vcloud.runtime.doctor import preflight
 from vcloud.runtime.lumi import Cluster
 from vcloud.runtime.profile import load_workflow_config
@@ -55,8 +55,8 @@ def test_every_gpu_rule_runs_on_dev_g_and_the_bill_is_under_one_gpu_hour():
 def test_the_rehearsal_trains_the_full_architectures():
     """Everything but the epoch and sample counts is full.yaml's: the memory, kernels and
     settings rehearsed are the real run's."""
-    full = yaml.safe_load((REPO / "config/models/full.yaml").read_text())
-    rehearsal = yaml.safe_load((REPO / "config/models/rehearsal.yaml").read_text())
+    full = config_to_dict(load_model_config(REPO / "config/models/full.yaml"))
+    rehearsal = config_to_dict(load_model_config(REPO / "config/models/rehearsal.yaml"))  # based_on full.yaml
     assert rehearsal.pop("name") == "rehearsal" and full.pop("name") == "full"
     for section in ("data", "stage0", "stage1", "stage2", "stage3"):
         a, b = copy.deepcopy(full[section]), copy.deepcopy(rehearsal[section])

@@ -128,8 +128,9 @@ class CFDTConfig:
 
     def __post_init__(self) -> None:
         _check_widths(self)
-        _check_positive(self, ("blocks_per_level", "tmt_layers", "tmt_heads", "gate_width", "gate_layers",
-                               "wind_sectors"))  # fmt: skip
+        _check_positive(
+            self, ("blocks_per_level", "tmt_layers", "tmt_heads", "gate_width", "gate_layers", "wind_sectors")
+        )
         if self.widths[-1] % self.tmt_heads:
             raise ValueError(f"tmt_heads: {self.tmt_heads} does not divide widths[3] = {self.widths[-1]}")
         if self.day_embedding <= 0 or self.day_embedding % 2:
@@ -313,11 +314,31 @@ class ModelSetConfig:
 def load_model_config(path: Path) -> ModelSetConfig:
     """Read and check a config/models/*.yaml file; errors name the file and the key."""
     path = Path(path)
-    data = read_yaml(path, missing="model configuration file not found")
+    data = model_config_data(path)
     try:
         return from_dict(ModelSetConfig, data, "")
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
+
+
+def model_config_data(path: Path, *, seen: tuple = ()) -> dict:
+    """The mapping of a model config file. A derived config names its base (`based_on:` a file
+    beside it) and holds only what it changes: the base's keys, changed key by key through the
+    one override mechanism (vcloud.config.overlay), where a key the base lacks is refused."""
+    from vcloud.config.overlay import overlay
+
+    path = Path(path)
+    data = read_yaml(path, missing="model configuration file not found")
+    if not isinstance(data, dict) or "based_on" not in data:
+        return data
+    base_path = path.parent / str(data.pop("based_on"))
+    if base_path.resolve() in seen or base_path.resolve() == path.resolve():
+        raise ConfigError(f"{path}: based_on: {base_path.name} derives from itself")
+    base = model_config_data(base_path, seen=(*seen, path.resolve()))
+    try:
+        return overlay(base, data, strict=True)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err} (in {base_path.name}, which it is based on)") from None
 
 
 def config_to_dict(config) -> dict:
