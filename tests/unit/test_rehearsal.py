@@ -7,7 +7,6 @@ import copy
 from pathlib import Path
 
 import pytest
-import yaml
 
 from vcloud.config import config_to_dict, load_model_config
 from vcloud.runtime.doctor import preflight
