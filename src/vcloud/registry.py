@@ -191,14 +191,35 @@ def stage_resources(config: dict) -> dict[str, dict]:
     section = config.get("cluster") or {}
     given = config.get("resources") or {}
     site = site_gpu_defaults(section)
+    rehearsal = config.get("rehearsal") or {}
     out = {}
     for stage in STAGES:
         for kind, rule in stage.rules.items():
-            entry = stage.rule_resources(kind, cluster=bool(section))
-            if section:
-                entry.update(site)
-            out[rule] = {**entry, **(given.get(rule) or {})}
+            entry = {**stage.rule_resources(kind, cluster=bool(section)), **(site if section else {})}
+            entry.update(given.get(rule) or {})
+            if section and rehearsal.get("enabled"):  # the rehearsal's placement and times win
+                entry.update(rehearsal_defaults(section, rehearsal, kind, stage.number))
+            out[rule] = entry
     return out
+
+
+def rehearsal_defaults(section: dict, rehearsal: dict, kind: str, number: int) -> dict:
+    """A stage rule's request in the site's rehearsal (config/rehearsal.yaml): one GPU of the
+    site's rehearsal partition and QOS (cluster.placement), short wall times, one short epoch,
+    and the forced wall-time warning on one stage's training. These lie over the run file's
+    entries (its epoch estimates are the full run's); the rehearsal section changes them."""
+    placement = section.get("placement") or {}
+    found = {"partition": placement.get("rehearsal") or placement.get("gpu") or "dev-g", "gpus": 1}
+    if placement.get("rehearsal_qos"):
+        found["qos"] = placement["rehearsal_qos"]
+    if kind == "train":
+        found["runtime"] = rehearsal.get("train_minutes", 12)
+        found["epoch_minutes"] = rehearsal.get("epoch_minutes", 4)
+        if rehearsal.get("warn_stage", 1) == number:
+            found["rehearse_warning"] = rehearsal.get("warn_after", 150)
+    else:
+        found["runtime"] = rehearsal.get("evaluate_minutes", 6)
+    return found
 
 
 def site_gpu_defaults(section: dict) -> dict:

@@ -269,3 +269,125 @@ def test_rank_zero_logs_the_vendor_tool_and_says_when_it_is_missing(caplog, tmp_
         log_gpu_state(1, tool="nvidia-smi")  # only local rank 0
     text = caplog.text
     assert text.count("NVIDIA-SMI 550.54") == 1 and "rocm-smi: not on PATH" in text
+
+
+# --- every site rehearses as LUMI does ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("site", "partition", "qos", "transport_gpus", "unit"),
+    [
+        ("lumi", "dev-g", None, 8, "GPU-h"),
+        ("saga", "a100", "devel", 4, "BU-h"),
+        ("betzy", "accel", None, 4, "BU-h"),  # devel gives whole nodes only: not for 1-GPU jobs
+        ("olivia", "accel", "devel", 4, "GPU-h"),
+        ("eagle", "proxima", None, 4, "GPU-h"),
+    ],
+)
+def test_each_site_rehearses_on_its_test_partition_priced_by_its_formula(
+    site, partition, qos, transport_gpus, unit, monkeypatch, tmp_path
+):
+    from vcloud.runtime.doctor import preflight
+
+    monkeypatch.setenv("APPTAINER_CACHEDIR", str(tmp_path / "cache"))  # Eagle's home is small
+    config = load_workflow_config(REPO / "config" / f"{site}.yaml", REPO / "config" / "rehearsal.yaml")
+    config["cluster"]["account"] = load_site(site, REPO)["account_example"]
+    for n in range(4):
+        train, evaluate = resources(config, f"train_stage{n}"), resources(config, f"evaluate_stage{n}")
+        assert (train.partition, train.qos, train.gpus, train.runtime) == (partition, qos, 1, 12)
+        assert train.epoch_minutes == 4  # the run file's full-run estimate does not apply
+        assert train.rehearse_warning == (150 if n == 1 else None)
+        assert (evaluate.partition, evaluate.qos, evaluate.runtime) == (partition, qos, 6)
+    transport = resources(config, "rehearse_transport")
+    assert (transport.partition, transport.gpus, transport.qos) == (partition, transport_gpus, qos)
+    cluster = Cluster.from_config(config)
+    model = load_model_config(REPO / "config/models/rehearsal.yaml")
+    inputs = {f"train_stage{n}": {"train", "val", "wind_cache"} for n in range(4)}
+    report = preflight(
+        config,
+        model,
+        apptainer_args=cluster.apptainer_args(),
+        precommand=cluster.precommand(),
+        train_inputs=inputs,
+        memory=False,
+    )
+    assert report.errors == [], report.errors
+    total = next(line for line in report.lines if line.lstrip().startswith("total "))
+    expected = float(total.split()[1])
+    assert total.split()[2] == unit and 0 < expected < (5 if unit == "GPU-h" else 100), total
+
+
+def test_a_rehearsal_over_its_qos_limits_is_refused():
+    from vcloud.runtime.doctor import Report, check_site
+
+    config = load_workflow_config(REPO / "config" / "saga.yaml", REPO / "config" / "rehearsal.yaml")
+    config["cluster"]["account"] = "nn1234k"
+    config["rehearsal"]["train_minutes"] = 180  # devel: 2 h at most
+    from vcloud.config.workflow import fill_stage_resources
+
+    fill_stage_resources(config)
+    config["resources"]["evaluate_stage0"]["qos"] = "debug"
+    report = Report()
+    check_site(config, Cluster.from_config(config), report)
+    assert "resources.train_stage1.runtime: 180 min is above the devel QOS limit of 120 min" in report.errors
+    assert any(e.startswith("resources.evaluate_stage0.qos: 'debug' is not a QOS of Saga") for e in report.errors)
+
+
+def test_caches_under_a_small_home_are_refused(tmp_path):
+    from vcloud.runtime.site_checks import check_home_caches
+
+    eagle = Cluster.from_config(site_config("eagle"))
+    home = str(tmp_path / "home")
+    assert "APPTAINER_CACHEDIR unset" in check_home_caches(eagle, {}, environ={"HOME": home})[0]
+    found = check_home_caches(eagle, {}, environ={"HOME": home, "SINGULARITY_CACHEDIR": f"{home}/.cache"})
+    assert found and found[0].startswith(f"SINGULARITY_CACHEDIR={home}/.cache: under $HOME, which holds 1 GB on Eagle")
+    project = {"HOME": home, "APPTAINER_CACHEDIR": str(tmp_path / "grant" / "cache")}
+    assert check_home_caches(eagle, {}, environ=project) == []
+    assert (
+        "runtime_env.TORCH_HOME: ~/.torch is under $HOME"
+        in check_home_caches(eagle, {"TORCH_HOME": "~/.torch"}, environ=project)[0]
+    )
+    saga = Cluster.from_config(site_config("saga"))  # 20 GiB: caches may stay home
+    assert check_home_caches(saga, {}, environ={"HOME": home}) == []
+
+
+def test_results_in_a_purged_work_area_are_refused_and_data_there_warned(tmp_path):
+    from vcloud.runtime.site_checks import check_purge
+
+    config = site_config("saga")
+    cluster = Cluster.from_config(config)
+    work = tmp_path / "work"
+    quotas = dict(cluster.quotas)
+    quotas["work"] = {**quotas["work"], "path": str(work)}
+    cluster = Cluster.from_config({**config, "cluster": {**config["cluster"], "quotas": quotas}})
+    config["paths"]["results"] = str(work / "results")
+    config["paths"]["prepared"] = str(work / "prepared")
+    errors, warnings = check_purge(config, cluster, tmp_path, run_hours=24 * 30)
+    assert len(errors) == 1 and errors[0].startswith(f"paths.results: {work}/results lies in Saga's work area")
+    assert "deleted after 21 days" in errors[0]
+    assert len(warnings) == 1 and "expected to take 30.0 days (longer than that)" in warnings[0]
+    config["paths"]["results"] = str(tmp_path / "project" / "results")
+    errors, warnings = check_purge(config, cluster, tmp_path, run_hours=24 * 5)
+    assert errors == [] and "5.0 days (within that)" in warnings[0]
+
+
+def test_an_image_of_another_architecture_is_refused(tmp_path):
+    from vcloud.runtime.site_checks import check_images, image_arch
+
+    sif = bytearray(b"#!/usr/bin/env run-singularity\n".ljust(32, b"\0") + b"SIF_MAGIC\0" + b"01\0" + b"02\0")
+    (tmp_path / "x86.sif").write_bytes(bytes(sif).ljust(4096, b"\0"))
+    sif[45:47] = b"04"
+    (tmp_path / "arm.sif").write_bytes(bytes(sif).ljust(4096, b"\0"))
+    (tmp_path / "standin.sif").write_text("stand-in image\narch aarch64\n")
+    assert [image_arch(tmp_path / n) for n in ("x86.sif", "arm.sif", "standin.sif")] == ["x86_64", "aarch64", "aarch64"]
+    assert image_arch(tmp_path / "absent.sif") is None
+    config = site_config("olivia")
+    config["cluster"]["image"] = str(tmp_path / "x86.sif")
+    config["cluster"]["images"] = {"aarch64": str(tmp_path / "x86.sif")}  # the wrong one for Grace
+    errors, _ = check_images(Cluster.from_config(config), ["normal", "accel"])
+    assert errors == [
+        f"cluster.images.aarch64: {tmp_path}/x86.sif is built for x86_64, but accel's nodes are aarch64; give an "
+        "aarch64 image (cluster.images.aarch64 in the site file)"
+    ]
+    config["cluster"]["images"] = {"aarch64": str(tmp_path / "arm.sif")}
+    assert check_images(Cluster.from_config(config), ["normal", "accel"]) == ([], [])

@@ -102,3 +102,41 @@ def test_a_new_site_from_one_file_plans_a_run(tmp_path):
     prepare = out[out.index("rule prepare_roi:") :]
     prepare = prepare[: prepare.index("\n\n")]
     assert "slurm_partition=cpu" in prepare and "--nv" not in prepare
+
+
+def test_the_new_site_rehearses_on_its_gpu_partition_with_its_transport(tmp_path):
+    repo = copy_repo(tmp_path / "repo")
+    (repo / "config" / "sites" / "kestrel.yaml").write_text(yaml.safe_dump(NEW_SITE, sort_keys=False))
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for name in ("s1_africa", "s2_africa", "s1_africa_test", "s2_africa_test"):
+        (raw / f"{name}.tar.gz").write_bytes(b"")
+    run = {"data": {"raw": str(raw)}, "synthetic": {"enabled": False}}
+    run["cluster"] = {"site": "kestrel", "account": "grp042", "gpu_hour_budget": 100}
+    (repo / "config" / "kestrel.yaml").write_text(yaml.safe_dump(run))
+    made = subprocess.run(
+        [sys.executable, "-m", "vcloud.cli", "profile", "--site", "kestrel"], cwd=repo, capture_output=True, text=True
+    )
+    assert made.returncode == 0, made.stderr
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--profile",
+        "kestrel",
+        "-n",
+        "-p",
+        "--directory",
+        str(tmp_path / "w"),
+    ]
+    command += ["--configfile", "config/kestrel.yaml", "config/rehearsal.yaml"]
+    proc = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600, env=stand_in_env(tmp_path))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    transport = out[out.index("rule rehearse_transport:") :]
+    transport = transport[: transport.index("\n\n")]
+    assert "gres=gpu:t4:2" in transport and "--nproc-per-node=2" in transport and "--expect ib" in transport
+    stage1 = out[out.index("rule train_stage1:") :]
+    stage1 = stage1[: stage1.index("\n\n")]
+    assert "slurm_partition=gpu" in stage1 and "runtime=12" in stage1
+    assert "python3 -m vcloud.runtime.launch --warn-after 150 vcloud train --stage 1" in stage1

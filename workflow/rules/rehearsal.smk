@@ -1,5 +1,5 @@
-# The dev-g rehearsal's own rules (config/lumi-rehearsal.yaml sets rehearsal.enabled): the RCCL
-# transport step on several GCDs and the closing summary. The rehearsal's training rules are
+# The rehearsal's own rules (config/rehearsal.yaml sets rehearsal.enabled): the transport step
+# on every GPU of a node (RCCL/NCCL over the site's network) and the closing summary. The rehearsal's training rules are
 # the real ones; resources.<rule>.rehearse_warning forces a wall-time warning on one of them.
 
 
@@ -22,9 +22,10 @@ if is_rehearsal():
             launch=get_launch_prefix("rehearse_transport"),
             logs="logs/rehearse_transport/rccl",
             env=lambda wildcards: get_runtime_env_flags(),
+            expect=config["cluster"].get("transport", "cxi") if config.get("cluster") else "cxi",
         shell:
-            "{params.launch} vcloud rccl-check --log-dir {params.logs} --out {output.report}"
-            " {params.env} > {log} 2>&1"
+            "{params.launch} vcloud rccl-check --log-dir {params.logs} --expect {params.expect}"
+            " --out {output.report} {params.env} > {log} 2>&1"
 
     rule rehearsal_summary:
         input:

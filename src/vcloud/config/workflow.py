@@ -97,7 +97,38 @@ def fill_stage_resources(config: dict) -> dict:
             raise ConfigError(f"resources.{key}: no stage {match.group(2)} in the registry (stages: {known})")
     if all(isinstance(entry, dict) for entry in given.values()):
         given.update(stage_resources(config))
+        for rule, entry in rehearsal_resources(config).items():
+            given[rule] = {**entry, **(given.get(rule) or {})}
     return config
+
+
+def rehearsal_resources(config: dict) -> dict[str, dict]:
+    """The rehearsal's own rules on a cluster (rehearsal.enabled): the transport step on every
+    GPU of one node of the site's rehearsal partition (within its QOS), the summary a local rule."""
+    section = config.get("cluster") or {}
+    rehearsal = config.get("rehearsal") or {}
+    if not section or not rehearsal.get("enabled"):
+        return {}
+    placement = section.get("placement") or {}
+    partition = placement.get("rehearsal") or placement.get("gpu") or "dev-g"
+    part = (section.get("partitions") or {}).get(partition) or {}
+    gpus = part.get("gpus_per_node") or 1
+    qos = (section.get("qos") or {}).get(placement.get("rehearsal_qos") or "") or {}
+    if qos.get("max_gpus"):
+        gpus = min(gpus, qos["max_gpus"])
+    rules = section.get("gpu_rules") or {}
+    transport = {
+        "runtime": rehearsal.get("transport_minutes", 4),
+        "mem_mb_per_gpu": rules.get("mem_mb_per_gpu", 60000),
+        "threads": rules.get("threads", 7),
+        "cpus_per_gpu": rules.get("threads", 7),
+        "partition": partition,
+        "gpus": gpus,
+    }
+    if placement.get("rehearsal_qos"):
+        transport["qos"] = placement["rehearsal_qos"]
+    summary = {"runtime": 15, "mem_mb": 2000, "threads": 1}  # a local rule: where snakemake runs
+    return {"rehearse_transport": transport, "rehearsal_summary": summary}
 
 
 def fill_defaults(config: dict, schema_path: Path) -> dict:

@@ -138,12 +138,12 @@ def check_home_caches(cluster: Cluster, runtime_env: dict, environ=os.environ) -
     home = environ.get("HOME") or "~"
     size = f"{cluster.home_bytes / 1024**3:.0f} GB" if cluster.home_bytes >= 1024**3 else f"{cluster.home_bytes:.0f} B"
     found = []
-    for name in CACHE_VARIABLES[:2]:
-        value = environ.get(name)
-        if value is None or _under(os.path.expanduser(value), home) or value.startswith("~"):
-            shown = f"{name}={value}" if value else f"{name} unset (apptainer caches in ~/.apptainer)"
-            found.append(f"{shown}: under $HOME, which holds {size} on {cluster.title}; set it under the project area")
-            break
+    # Apptainer reads APPTAINER_CACHEDIR, and SINGULARITY_CACHEDIR where the first is unset.
+    name = next((n for n in CACHE_VARIABLES[:2] if environ.get(n)), None)
+    value = environ.get(name) if name else None
+    if value is None or value.startswith("~") or _under(os.path.expanduser(value), home):
+        shown = f"{name}={value}" if value else "APPTAINER_CACHEDIR unset (apptainer caches in ~/.apptainer)"
+        found.append(f"{shown}: under $HOME, which holds {size} on {cluster.title}; set it under the project area")
     for name, value in runtime_env.items():
         if value.startswith(("~", "$HOME", "${HOME}")) or _under(value, home):
             found.append(
