@@ -391,3 +391,20 @@ def test_an_image_of_another_architecture_is_refused(tmp_path):
     ]
     config["cluster"]["images"] = {"aarch64": str(tmp_path / "arm.sif")}
     assert check_images(Cluster.from_config(config), ["normal", "accel"]) == ([], [])
+
+
+def test_before_the_download_the_doctor_says_whether_the_dataset_fits_the_quota(tmp_path):
+    from vcloud.runtime.budget import download_fit
+
+    config = site_config("saga")
+    project = tmp_path / "projects" / "nn1234k"
+    project.mkdir(parents=True)
+    config["data"]["raw"] = str(project / "data" / "SEN12MS-CR-TS")  # not downloaded yet
+    quotas = {"projects": {"path": str(project), "bytes": 2**40, "files": 1000000}}  # Sigma2's default 1 TiB
+    found = download_fit(config, quotas, {"projects": project})
+    assert len(found) == 1 and "(~1.2 TiB, 20 archives) is more than the 1.1 TB quota of projects" in found[0]
+    quotas["projects"]["bytes"] = 10 * 2**40  # raised to 10 TiB
+    assert download_fit(config, quotas, {"projects": project}) == []
+    config["data"]["rois"] = ["ROIs1868/119"]  # a few ROIs: their archives are counted once there
+    quotas["projects"]["bytes"] = 2**40
+    assert download_fit(config, quotas, {"projects": project}) == []

@@ -286,7 +286,34 @@ def check_budget(config: dict, model_set, report) -> Budget | None:
             report.errors.append(f"cluster.quotas.{name}: the run keeps {_size(nbytes)} on {areas[name]}, more "
                                  f"than its quota of {_size(quota['bytes'])}")  # fmt: skip
     report.warnings.extend(f"data budget: {note}" for note in budget.notes)
+    report.warnings.extend(download_fit(config, quotas, areas))
     return budget
+
+
+# The dataset as downloaded (docs/data.md): 20 archives, about 1.2 TiB, read in place.
+DATASET_ARCHIVES = 20
+DATASET_BYTES = int(1.2 * 2**40)
+
+
+def download_fit(config: dict, quotas: dict, areas: dict[str, Path]) -> list[str]:
+    """Before the download (data.raw not there, every ROI wanted): whether the dataset's 1.2 TiB
+    fit the quota area that will hold them; the budget cannot count what is not there yet."""
+    if config["synthetic"]["enabled"] or config["data"]["rois"] != "all":
+        return []
+    found = []
+    for raw in _raw_paths(config):
+        if raw.exists():
+            continue
+        area = _area_of(raw, areas)
+        if area is None:
+            found.append(f"data budget: data.raw: {raw} is in no quota area of cluster.quotas; the dataset is ~1.2 TiB")
+        elif quotas[area]["bytes"] < DATASET_BYTES:
+            found.append(
+                f"data budget: data.raw: the dataset as downloaded (~1.2 TiB, {DATASET_ARCHIVES} archives) is more than "
+                f"the {_size(quotas[area]['bytes'])} quota of {area} ({areas[area]}) that would hold it: ask for more "
+                "before downloading"
+            )
+    return found
 
 
 def _size(nbytes: float) -> str:
