@@ -37,6 +37,7 @@ COMMANDS = (
     cluster.add_lumi_profile,
     site.add_profile,
     site.add_sites,
+    site.add_submit,
     cluster.add_image,
     cluster.add_rccl_check,
     cluster.add_rehearsal_summary,

@@ -47,3 +47,27 @@ def run_sites(args: argparse.Namespace) -> None:
             f"--{'gres' if facts.get('gpu_request') == 'gres' else 'gpus'}; {'; '.join(gpus)}; billed "
             f"{billing.get('formula', 'lumi')} in {billing.get('unit', 'GPU-h')}{guesses}"
         )
+
+
+def add_submit(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "submit", help="run the snakemake controller as a SLURM job that resubmits itself (outlives the login node)"
+    )
+    p.add_argument("--profile", type=Path, required=True, help="the site's profile folder (profiles/<site>)")
+    p.add_argument(
+        "--runtime",
+        type=int,
+        help="the controller job's wall time in minutes (default: its partition's, at most 2 days)",
+    )
+    p.add_argument(
+        "snakemake_args", nargs=argparse.REMAINDER, help="after --: more snakemake arguments (targets, --configfile)"
+    )
+    p.set_defaults(func=run_submit)
+
+
+def run_submit(args: argparse.Namespace) -> None:
+    from vcloud.runtime.controller import submit
+
+    extra = args.snakemake_args[1:] if args.snakemake_args[:1] == ["--"] else args.snakemake_args
+    for line in submit(profile=args.profile, workdir=Path.cwd(), snakemake_args=extra, runtime=args.runtime):
+        print(line)
