@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.lumi.helpers import require_stand_in, write_stand_in_image
+from vcloud import environment as runtime_env
 from vcloud.errors import ConfigError
-from vcloud.runtime import env as runtime_env
 from vcloud.runtime.lumi import (
     LUMI_CPU_MASKS,
     Cluster,
@@ -238,7 +238,7 @@ def test_train_sets_env_before_torch_is_imported(tmp_path):
     """PYTORCH_HIP_ALLOC_CONF is read once by the allocator: it must be set before torch."""
     code = (
         "import sys, os\n"
-        "import vcloud.runtime.env as e\n"
+        "import vcloud.environment as e\n"
         "orig = e.apply\n"
         "def spy(settings, *a, **k):\n"
         "    print('torch imported before env:', 'torch' in sys.modules)\n"
@@ -257,7 +257,6 @@ def test_image_requirements_cover_the_package_dependencies():
     """containers/ installs every runtime dependency the CSC image lacks (not torch/numpy,
     which are the image's own, nor snakemake, which runs on the host)."""
     import re
-
     import tomllib
 
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]

@@ -243,7 +243,7 @@ def test_the_transport_check_tells_ib_cxi_and_the_socket_fallback(expect, log, p
 
 
 def test_the_trainer_refuses_bf16_on_a_pre_ampere_device():
-    from vcloud.runtime.env import check_bf16
+    from vcloud.environment import check_bf16
 
     with pytest.raises(
         ConfigError, match=r"full.yaml: stage1.train.bf16: Tesla P100-PCIE-16GB \(compute capability 6.0\)"
@@ -257,13 +257,13 @@ def test_the_trainer_refuses_bf16_on_a_pre_ampere_device():
 def test_rank_zero_logs_the_vendor_tool_and_says_when_it_is_missing(caplog, tmp_path, monkeypatch):
     import logging
 
-    from vcloud.runtime.env import log_gpu_state
+    from vcloud.environment import log_gpu_state
 
     tool = tmp_path / "nvidia-smi"
     tool.write_text("#!/bin/sh\necho 'NVIDIA-SMI 550.54  GPU 0: NVIDIA H100'\n")
     tool.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
-    with caplog.at_level(logging.INFO, logger="vcloud.runtime.env"):
+    with caplog.at_level(logging.INFO, logger="vcloud.environment"):
         log_gpu_state(0, tool="nvidia-smi")
         log_gpu_state(0, tool="rocm-smi")
         log_gpu_state(1, tool="nvidia-smi")  # only local rank 0

@@ -27,7 +27,7 @@ def add_env_flag(p: argparse.ArgumentParser) -> None:
 
 def apply_env(args: argparse.Namespace) -> None:
     """--env KEY=VALUE pairs (the workflow's runtime_env), set before torch is imported."""
-    from vcloud.runtime import env
+    from vcloud import environment as env
 
     env.apply(env.parse_pairs(args.env))
 

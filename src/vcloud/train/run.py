@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 from vcloud.config import config_hash, load_model_config, stage_config_dict
+from vcloud.environment import check_bf16, cpu_budget, log_gpu_state, step_threads
 from vcloud.registry import get_stage
-from vcloud.runtime.env import check_bf16, cpu_budget, log_gpu_state, step_threads
 from vcloud.train import distributed
 from vcloud.wind.stage_orders import load_wind_orders
 
@@ -47,8 +47,9 @@ def run_training(
     # (never a recompute under DDP - that is what deadlocked 16 to 400 GPUs on LUMI).
     wind = None
     if spec.reads_wind:
-        wind = load_wind_orders(cfg, store=train, wind_cache=wind_cache, world_size=env.world_size,
-                                command=f"vcloud train --stage {stage}")  # fmt: skip
+        wind = load_wind_orders(
+            cfg, store=train, wind_cache=wind_cache, world_size=env.world_size, command=f"vcloud train --stage {stage}"
+        )
     device = distributed.device_for(env)
     train_threads = None
     if device == "cpu":

@@ -1,8 +1,9 @@
-"""The process environment a training or evaluation run needs on LUMI, set by vcloud itself.
+"""The process environment a training or evaluation run needs on its cluster, set by vcloud
+itself; below every layer that starts torch (train, evaluation, apply), above none of them.
 
 Rules pass the workflow config's `runtime_env` as `--env KEY=VALUE` options; `apply` sets
 them before torch is imported (the HIP allocator reads PYTORCH_HIP_ALLOC_CONF once, at its
-first allocation, and RCCL reads NCCL_*/FI_CXI_* at init). "{node}" and "{user}" in a value
+first allocation, and RCCL/NCCL read NCCL_*/FI_CXI_* at init). "{node}" and "{user}" in a value
 expand to the SLURM node index and the user name, so that MIOpen's SQLite caches live on
 node-local storage, one per node (seed 003: Lustre handles their locks badly).
 """
