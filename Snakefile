@@ -53,4 +53,6 @@ onstart:
 rule all:
     default_target: True
     input:
-        get_final_outputs() + get_predict_outputs() + get_rehearsal_outputs(),
+        RUN.final_outputs(MODEL_SET.name)
+        + get_predict_outputs()
+        + get_rehearsal_outputs(),

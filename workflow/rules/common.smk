@@ -14,12 +14,15 @@ from vcloud.data.archive import (
 )
 from vcloud.data.layout import parse_roi
 from vcloud.data.splits import assign_splits
+from vcloud.paths import RunPaths
 
 check_data_config(config)  # one line for old keys (data.raw_dir) before anything else
 DATA = config["data"]
 PATHS = config["paths"]
 PREPARED = PATHS["prepared"]
 RESULTS = PATHS["results"]
+# Every path of the run under those two folders (src/vcloud/paths.py).
+RUN = RunPaths(prepared=PREPARED, results=RESULTS)
 
 
 wildcard_constraints:
@@ -113,11 +116,7 @@ def get_split_rois(split):
 
 
 def get_prepared_roi(roi):
-    return f"{PREPARED}/rois/{roi.slug}.zarr"
-
-
-def get_split_store(split):
-    return f"{PREPARED}/{split}.zarr"
+    return RUN.roi_store(roi.slug)
 
 
 def get_prepare_input(wildcards):

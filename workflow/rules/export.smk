@@ -7,9 +7,9 @@
 # on all the rule's threads: every evaluate_stage<n> and export_viewer read it instead of detecting.
 rule fixed_protocol:
     input:
-        store=get_split_store("test"),
+        store=RUN.split_store("test"),
     output:
-        detected=get_fixed_protocol(),
+        detected=RUN.fixed_protocol(),
     log:
         "logs/fixed_protocol/fixed_protocol.log",
     benchmark:
@@ -37,7 +37,7 @@ for stage in STAGE_NUMBERS:
         input:
             **get_evaluate_input(stage),
         output:
-            report=get_eval_report(stage),
+            report=RUN.eval_report(stage),
         log:
             f"logs/evaluate_stage{stage}/evaluate_stage{stage}.log",
         benchmark:
@@ -71,7 +71,7 @@ rule export_viewer:
     input:
         **get_viewer_input(),
     output:
-        page=get_viewer_page(),
+        page=RUN.viewer_page(),
         images=directory(f"{RESULTS}/viewer/images"),
         thumbnails=report(
             f"{RESULTS}/viewer/thumbnails.png",
@@ -111,11 +111,11 @@ localrules:
 
 rule report_curves:
     input:
-        metrics=[get_metrics_log(stage) for stage in STAGE_NUMBERS],
+        metrics=[RUN.metrics_log(stage) for stage in STAGE_NUMBERS],
     output:
         [
             report(
-                get_curves(stage),
+                RUN.curves(stage),
                 caption="../report/curves.rst",
                 category="Training",
                 labels={"stage": str(stage)},
@@ -139,15 +139,15 @@ rule report_curves:
 
 rule report_tables:
     input:
-        reports=[get_eval_report(stage) for stage in STAGE_NUMBERS],
+        reports=[RUN.eval_report(stage) for stage in STAGE_NUMBERS],
     output:
         page=report(
-            get_report_file("evaluation.html"),
+            RUN.report_file("evaluation.html"),
             caption="../report/evaluation.rst",
             category="Evaluation",
         ),
-        stages=get_stage_comparison(),
-        stages_md=get_stage_comparison("md"),
+        stages=RUN.stage_comparison(),
+        stages_md=RUN.stage_comparison("md"),
     log:
         "logs/report_tables/report_tables.log",
     benchmark:
@@ -166,11 +166,11 @@ rule report_tables:
 
 rule accounting:
     input:
-        get_accounting_input(),
+        RUN.accounting_inputs(),
     output:
-        tsv=get_report_file("accounting.tsv"),
+        tsv=RUN.report_file("accounting.tsv"),
         page=report(
-            get_report_file("accounting.html"),
+            RUN.report_file("accounting.html"),
             caption="../report/accounting.rst",
             category="Accounting",
         ),

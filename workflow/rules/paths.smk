@@ -4,7 +4,7 @@
 from vcloud import workflow as logic
 from vcloud.config import config_hash, stage_config_dict
 from vcloud.errors import ConfigError
-from vcloud.registry import STAGE_NUMBERS, VIEWER_STAGES, get_stage
+from vcloud.registry import STAGE_NUMBERS, VIEWER_STAGES
 
 
 def get_stage_hash(stage):
@@ -12,26 +12,8 @@ def get_stage_hash(stage):
     return config_hash(stage_config_dict(MODEL_SET, stage))
 
 
-def get_stage_dir(stage):
-    """results/<folder>/ of the stage (its registry entry's `folder`)."""
-    return f"{RESULTS}/{get_stage(stage).folder}"
-
-
-def get_checkpoint(stage):
-    return f"{get_stage_dir(stage)}/best.pt"
-
-
-def get_metrics_log(stage):
-    """Written by train_stage<n> (a declared output), read by report_curves."""
-    return f"{get_stage_dir(stage)}/metrics.jsonl"
-
-
 def is_wind_scan():
     return MODEL_SET.stage1.model.wind_scan
-
-
-def get_wind_cache():
-    return f"{RESULTS}/wind/scan_orders.npz"
 
 
 def get_wind_grid():
@@ -44,7 +26,7 @@ def get_wind_grid():
 
 def get_wind_cache_input():
     """The wind cache when the CFDT scans by wind (stages that read it take it as input)."""
-    return get_wind_cache() if is_wind_scan() else None
+    return RUN.wind_cache() if is_wind_scan() else None
 
 
 def get_train_input(stage):
@@ -52,9 +34,9 @@ def get_train_input(stage):
     return logic.train_inputs(
         stage,
         MODEL_SET,
-        train=get_split_store("train"),
-        val=get_split_store("val"),
-        checkpoint_path=get_checkpoint,
+        train=RUN.split_store("train"),
+        val=RUN.split_store("val"),
+        checkpoint_path=RUN.checkpoint,
         wind_cache=get_wind_cache_input(),
     )
 
@@ -70,11 +52,11 @@ def get_evaluate_input(stage):
     """
     inputs = logic.evaluate_inputs(
         stage,
-        store=get_split_store("test"),
-        checkpoint_path=get_checkpoint,
+        store=RUN.split_store("test"),
+        checkpoint_path=RUN.checkpoint,
         wind_cache=get_wind_cache_input(),
     )
-    inputs["fixed_protocol"] = get_fixed_protocol()
+    inputs["fixed_protocol"] = RUN.fixed_protocol()
     pairs = MODEL_SET.evaluation.uncrtaints.pairs
     return {**inputs, "uncrtaints_pairs": pairs} if pairs else inputs
 
@@ -82,21 +64,6 @@ def get_evaluate_input(stage):
 def get_evaluation_hash():
     """Changes when the model config's evaluation section changes: the evaluations rerun."""
     return config_hash(MODEL_SET.evaluation)
-
-
-def get_eval_report(stage):
-    return f"{RESULTS}/eval/stage{stage}.json"
-
-
-def get_stage_comparison(suffix="json"):
-    """Each stage against the one before it on every protocol (vcloud compare-stages)."""
-    return f"{RESULTS}/eval/stages.{suffix}"
-
-
-def get_fixed_protocol():
-    """The fixed protocol's detection: written once by fixed_protocol, read by every
-    evaluate_stage<n> and export_viewer (--fixed-protocol)."""
-    return f"{RESULTS}/eval/fixed_protocol.npz"
 
 
 def get_fixed_protocol_hash():
@@ -109,52 +76,16 @@ def get_viewer_input():
     fixed protocol's detection."""
     inputs = logic.viewer_inputs(
         VIEWER_STAGES,
-        store=get_split_store("test"),
-        checkpoint_path=get_checkpoint,
+        store=RUN.split_store("test"),
+        checkpoint_path=RUN.checkpoint,
         wind_cache=get_wind_cache_input(),
     )
-    return {**inputs, "fixed_protocol": get_fixed_protocol()}
-
-
-def get_viewer_page():
-    return f"{RESULTS}/viewer/index.html"
-
-
-def get_report_file(name):
-    """Figures and tables made for `snakemake --report` (results/report/...)."""
-    return f"{RESULTS}/report/{name}"
-
-
-def get_curves(stage):
-    return get_report_file(f"curves/stage{stage}.png")
-
-
-def get_accounting_input():
-    """Everything the run makes but the accounting itself: it runs last and counts them all."""
-    splits = [get_split_store(split) for split in ("train", "val", "test")]
-    checkpoints = [get_checkpoint(stage) for stage in STAGE_NUMBERS]
-    return (
-        splits
-        + checkpoints
-        + [get_fixed_protocol()]
-        + [get_eval_report(stage) for stage in STAGE_NUMBERS]
-        + [get_viewer_page()]
-        + [get_curves(stage) for stage in STAGE_NUMBERS]
-        + [get_report_file("evaluation.html"), get_stage_comparison()]
-    )
-
-
-def get_final_outputs():
-    return get_accounting_input() + [get_report_file("accounting.tsv"), get_bundle()]
+    return {**inputs, "fixed_protocol": RUN.fixed_protocol()}
 
 
 def is_rehearsal():
     """The dev-g rehearsal (config/lumi-rehearsal.yaml): its transport step and summary run."""
     return config["rehearsal"]["enabled"]
-
-
-def get_transport_report():
-    return f"{RESULTS}/rehearsal/transport.json"
 
 
 def get_full_model_config():
@@ -165,12 +96,12 @@ def get_full_model_config():
 
 def get_rehearsal_summary_input(wildcards):
     found = {
-        "train": get_split_store("train"),
-        "reports": [get_eval_report(stage) for stage in STAGE_NUMBERS],
-        "checkpoints": [get_checkpoint(stage) for stage in STAGE_NUMBERS],
+        "train": RUN.split_store("train"),
+        "reports": [RUN.eval_report(stage) for stage in STAGE_NUMBERS],
+        "checkpoints": [RUN.checkpoint(stage) for stage in STAGE_NUMBERS],
     }
     if config["rehearsal"]["transport"]:
-        found["transport"] = get_transport_report()
+        found["transport"] = RUN.transport_report()
     return found
 
 
@@ -185,24 +116,19 @@ def get_predict_rois():
     return [roi.slug for roi in get_split_rois(PREDICT["split"])]
 
 
-def get_predict_manifest(roi):
-    """Written last by vcloud predict: it exists only when every output of the ROI is made."""
-    return f"{RESULTS}/predict/stage{PREDICT['stage']}/{roi}/manifest.json"
-
-
 def get_predict_outputs():
     """What `all` asks of predict (the manifests when predict.enabled, else nothing)."""
     if not PREDICT["enabled"]:
         return []
-    return [get_predict_manifest(roi) for roi in get_predict_rois()]
+    return [RUN.predict_manifest(PREDICT["stage"], roi) for roi in get_predict_rois()]
 
 
 def get_predict_input(wildcards):
     """The ROI's prepared store and the checkpoints (and wind cache) the stage's predictor reads."""
     return logic.evaluate_inputs(
         PREDICT["stage"],
-        store=f"{PREPARED}/rois/{wildcards.roi}.zarr",
-        checkpoint_path=get_checkpoint,
+        store=RUN.roi_store(wildcards.roi),
+        checkpoint_path=RUN.checkpoint,
         wind_cache=get_wind_cache_input(),
     )
 
@@ -218,21 +144,16 @@ def get_predict_flags():
 # --- vcloud bundle (workflow/rules/predict.smk) ---
 
 
-def get_bundle():
-    """The run's model as one file: the shown stages' predictors, config, card (vcloud bundle)."""
-    return f"{RESULTS}/bundle/{MODEL_SET.name}.tar"
-
-
 def get_bundle_input():
     """The checkpoints (and wind cache) of the viewer's stages, the training split (the card's
     patch size and data) and those stages' evaluation reports (the card's figures)."""
     inputs = logic.viewer_inputs(
         VIEWER_STAGES,
-        store=get_split_store("train"),
-        checkpoint_path=get_checkpoint,
+        store=RUN.split_store("train"),
+        checkpoint_path=RUN.checkpoint,
         wind_cache=get_wind_cache_input(),
     )
-    return {**inputs, "reports": [get_eval_report(stage) for stage in VIEWER_STAGES]}
+    return {**inputs, "reports": [RUN.eval_report(stage) for stage in VIEWER_STAGES]}
 
 
 def get_bundle_stage_flags():

@@ -9,7 +9,7 @@ rule predict:
     input:
         unpack(get_predict_input),
     output:
-        manifest=get_predict_manifest("{roi}"),
+        manifest=RUN.predict_manifest(PREDICT["stage"], "{roi}"),
     log:
         "logs/predict/{roi}.log",
     benchmark:
@@ -37,7 +37,7 @@ rule predict:
 
 rule predict_all:
     input:
-        [get_predict_manifest(roi) for roi in get_predict_rois()],
+        [RUN.predict_manifest(PREDICT["stage"], roi) for roi in get_predict_rois()],
 
 
 # vcloud bundle (docs/predict.md): the finished run's model as one file to share and to predict
@@ -51,7 +51,7 @@ rule bundle:
     input:
         **get_bundle_input(),
     output:
-        bundle=get_bundle(),
+        bundle=RUN.bundle(MODEL_SET.name),
     log:
         "logs/bundle/bundle.log",
     benchmark:

@@ -7,7 +7,7 @@ if is_rehearsal():
 
     rule rehearse_transport:
         output:
-            report=get_transport_report(),
+            report=RUN.transport_report(),
         log:
             "logs/rehearse_transport/rehearse_transport.log",
         benchmark:
@@ -22,7 +22,11 @@ if is_rehearsal():
             launch=get_launch_prefix("rehearse_transport"),
             logs="logs/rehearse_transport/rccl",
             env=lambda wildcards: get_runtime_env_flags(),
-            expect=config["cluster"].get("transport", "cxi") if config.get("cluster") else "cxi",
+            expect=(
+                config["cluster"].get("transport", "cxi")
+                if config.get("cluster")
+                else "cxi"
+            ),
         shell:
             "{params.launch} vcloud rccl-check --log-dir {params.logs} --expect {params.expect}"
             " --out {output.report} {params.env} > {log} 2>&1"

@@ -12,10 +12,10 @@ for stage in STAGE_NUMBERS:
         input:
             **get_train_input(stage),
         output:
-            best=get_checkpoint(stage),
+            best=RUN.checkpoint(stage),
             # Rewritten from latest.pt at every start, so deleting it with an incomplete job
             # loses nothing (vcloud/train/records.py).
-            metrics=get_metrics_log(stage),
+            metrics=RUN.metrics_log(stage),
         log:
             f"logs/train_stage{stage}/train_stage{stage}.log",
         benchmark:

@@ -4,7 +4,7 @@
 
 rule wind_cache:
     output:
-        cache=get_wind_cache(),
+        cache=RUN.wind_cache(),
     log:
         "logs/wind_cache/wind_cache.log",
     benchmark:
