@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 # Sentinel-2 L1C bands in file order (13); s2cloudless expects exactly this order.
-S2_BANDS: tuple[str, ...] = (
-    "B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B8A", "B9", "B10", "B11", "B12",
-)  # fmt: skip
+S2_BANDS: tuple[str, ...] = ("B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B8A", "B9", "B10", "B11", "B12")
 # Sentinel-1 GRD backscatter in dB.
 S1_BANDS: tuple[str, ...] = ("VV", "VH")
 # The sample tensor x (B, T, C, H, W) holds per date the S2 bands, then the S1 bands, then whether

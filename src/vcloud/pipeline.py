@@ -95,9 +95,15 @@ class RefinerPipeline(nn.Module):
     """
 
     def __init__(
-        self, cfdt: nn.Module, refiner: Refiner, *, timesteps: int, schedule: str, ensemble: int = 1,
+        self,
+        cfdt: nn.Module,
+        refiner: Refiner,
+        *,
+        timesteps: int,
+        schedule: str,
+        ensemble: int = 1,
         keep_seen_max_prob: float | None = None,
-    ):  # fmt: skip
+    ):
         super().__init__()
         self.cfdt, self.refiner = cfdt, refiner
         self.schedule = DiffusionSchedule(timesteps, kind=schedule)
@@ -124,9 +130,14 @@ class RefinerPipeline(nn.Module):
         """`condition`, with a graph where gradients are on (DraftUnderRefiner.refined)."""
         draft = cfdt_draft(self.cfdt, batch).float()
         cond = refiner_condition(
-            draft, observed_target(batch), batch["target_s1"], batch["target_prob"], s1_valid=target_s1_valid(batch),
-            spectrum=self.refiner.cloud_spectrum, scale=self.refiner.residual_scale,
-        )  # fmt: skip
+            draft,
+            observed_target(batch),
+            batch["target_s1"],
+            batch["target_prob"],
+            s1_valid=target_s1_valid(batch),
+            spectrum=self.refiner.cloud_spectrum,
+            scale=self.refiner.residual_scale,
+        )
         return draft, cond
 
     def _scale(self) -> torch.Tensor:
@@ -167,15 +178,22 @@ class RefinerPipeline(nn.Module):
             # draft itself, bit for bit, without 4 x `draws` passes of the refiner.
             return draft.clamp(0, 1).expand(len(seeds) * draws, *draft.shape).clone()
         one = (draws * draft.shape[0], *draft.shape[1:])
-        noise = torch.cat([
-            torch.randn(one, generator=torch.Generator(device=cond.device).manual_seed(int(s)), device=cond.device)
-            for s in seeds
-        ])  # fmt: skip
+        noise = torch.cat(
+            [
+                torch.randn(one, generator=torch.Generator(device=cond.device).manual_seed(int(s)), device=cond.device)
+                for s in seeds
+            ]
+        )
         cond = cond.repeat(len(seeds) * draws, 1, 1, 1)  # (S * draws * B, 44, H, W), like the noise
         residual = ddim_sample(
-            self.refiner, cond, steps=steps, generator=None, shape=tuple(noise.shape), schedule=self.schedule,
+            self.refiner,
+            cond,
+            steps=steps,
+            generator=None,
+            shape=tuple(noise.shape),
+            schedule=self.schedule,
             noise=noise,
-        )  # fmt: skip
+        )
         residual = residual.float().view(len(seeds) * draws, *draft.shape)
         return (draft + residual * self._scale()).clamp(0, 1)
 
@@ -219,8 +237,9 @@ class DraftUnderRefiner(RefinerPipeline):
     the gradient through the sampler's last `grad_steps` steps (None: every step).
     """
 
-    def __init__(self, cfdt: nn.Module, refiner: Refiner, *, loss_on: str = "draft", grad_steps: int | None = None,
-                 **sampling):  # fmt: skip
+    def __init__(
+        self, cfdt: nn.Module, refiner: Refiner, *, loss_on: str = "draft", grad_steps: int | None = None, **sampling
+    ):
         super().__init__(cfdt, refiner, **sampling)
         self.loss_on, self.grad_steps = loss_on, grad_steps
 
@@ -246,9 +265,14 @@ class DraftUnderRefiner(RefinerPipeline):
         H, W). Each call draws fresh noise; the draft learns what the refiner makes of it."""
         draft, cond = self._condition(batch)
         residual = self.schedule.ddim(
-            self.refiner, cond, steps=self.refiner.sample_steps, generator=None, shape=tuple(draft.shape),
-            temperature=self.refiner.temperature, grad_steps=self.grad_steps,
-        )  # fmt: skip
+            self.refiner,
+            cond,
+            steps=self.refiner.sample_steps,
+            generator=None,
+            shape=tuple(draft.shape),
+            temperature=self.refiner.temperature,
+            grad_steps=self.grad_steps,
+        )
         return keep_seen((draft + residual.float() * self._scale()).clamp(0, 1), batch, self.keep_seen_max_prob)
 
 
@@ -262,9 +286,12 @@ def build_draft_under_refiner(
     cfdt.load_state_dict(load_stage_weights(draft_ckpt, stage=draft_stage))
     st = cfg.stage3.self_training
     return DraftUnderRefiner(
-        cfdt, load_frozen(Refiner(cfg.stage2.model), stage2_ckpt, stage=2), loss_on=st.loss_on,
-        grad_steps=st.grad_steps, **_sampling(cfg),
-    )  # fmt: skip
+        cfdt,
+        load_frozen(Refiner(cfg.stage2.model), stage2_ckpt, stage=2),
+        loss_on=st.loss_on,
+        grad_steps=st.grad_steps,
+        **_sampling(cfg),
+    )
 
 
 def build_pipeline(cfg: ModelSetConfig, *, stage1_ckpt: Path, wind: WindCache | None = None) -> RefinerPipeline:
@@ -276,5 +303,9 @@ def build_pipeline(cfg: ModelSetConfig, *, stage1_ckpt: Path, wind: WindCache | 
 def _sampling(cfg: ModelSetConfig) -> dict:
     """How a RefinerPipeline samples, from the config (stage2.model, data.keep_seen_max_prob)."""
     m = cfg.stage2.model
-    return {"timesteps": m.timesteps, "schedule": m.schedule, "ensemble": m.ensemble,
-            "keep_seen_max_prob": cfg.data.keep_seen_max_prob}  # fmt: skip
+    return {
+        "timesteps": m.timesteps,
+        "schedule": m.schedule,
+        "ensemble": m.ensemble,
+        "keep_seen_max_prob": cfg.data.keep_seen_max_prob,
+    }

@@ -19,8 +19,9 @@ from vcloud.registry import STAGES, get_stage
 # --- stage inputs (the registry says which checkpoints) --------------------------------------
 
 
-def train_inputs(stage: int, model_set, *, train: str, val: str, checkpoint_path: Callable[[int], str],
-                 wind_cache: str | None) -> dict[str, str]:  # fmt: skip
+def train_inputs(
+    stage: int, model_set, *, train: str, val: str, checkpoint_path: Callable[[int], str], wind_cache: str | None
+) -> dict[str, str]:
     """train_stage<n>'s inputs: split stores, the best.pt of the stages it builds on under
     `model_set` (registry Stage.builds_on), and the wind cache when the stage reads it and
     `wind_cache` is given (stage1.model.wind_scan on)."""
@@ -42,8 +43,9 @@ def train_priority(stage: int) -> int:
     return int(not spec.upstream and spec.init_from is None)
 
 
-def evaluate_inputs(stage: int, *, store: str, checkpoint_path: Callable[[int], str],
-                    wind_cache: str | None) -> dict[str, str]:  # fmt: skip
+def evaluate_inputs(
+    stage: int, *, store: str, checkpoint_path: Callable[[int], str], wind_cache: str | None
+) -> dict[str, str]:
     """evaluate_stage<n>'s inputs: the store and the best.pt its predictor reads."""
     spec = get_stage(stage)
     inputs = {"store": store}
@@ -114,8 +116,13 @@ def resources_json(rules, rule_resources: Callable, cluster) -> str:
     out = {}
     for rule in rules:
         res = rule_resources(rule)
-        entry = {"threads": res.threads, "gpus": res.gpus, "nodes": res.nodes, "mem_mb": res.mem_mb,
-                 "partition": res.partition}  # fmt: skip
+        entry = {
+            "threads": res.threads,
+            "gpus": res.gpus,
+            "nodes": res.nodes,
+            "mem_mb": res.mem_mb,
+            "partition": res.partition,
+        }
         part = cluster.partitions.get(res.partition) if cluster else None
         if part is not None:
             bill = billing(res, part, cluster)
@@ -127,6 +134,8 @@ def resources_json(rules, rule_resources: Callable, cluster) -> str:
 def deployment_problems(methods) -> list[str]:
     """Pre-flight of the software deployment: on a cluster every rule runs inside the image."""
     if not any("apptainer" in str(m).lower() for m in methods):
-        return ["software-deployment-method: apptainer is not on, so rules would run outside "
-                "the image (use the lumi profile)"]  # fmt: skip
+        return [
+            "software-deployment-method: apptainer is not on, so rules would run outside "
+            "the image (use the lumi profile)"
+        ]
     return []

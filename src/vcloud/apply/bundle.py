@@ -72,9 +72,17 @@ def _sha256(path: Path) -> tuple[str, int]:
 # ----------------------------------------------------------------------------- writing
 
 
-def write_bundle(*, out: Path, stages: list[int], checkpoints: dict[int, Path], config_path: Path,
-                 train_store: Path, wind_cache: Path | None = None, eval_reports: list[Path] = (),
-                 command: str = "vcloud bundle") -> dict:  # fmt: skip
+def write_bundle(
+    *,
+    out: Path,
+    stages: list[int],
+    checkpoints: dict[int, Path],
+    config_path: Path,
+    train_store: Path,
+    wind_cache: Path | None = None,
+    eval_reports: list[Path] = (),
+    command: str = "vcloud bundle",
+) -> dict:
     """Pack the predictors of `stages` into the tar file `out` (atomically); returns its manifest."""
     from vcloud.config import load_model_config
     from vcloud.config.model_sets import config_to_dict
@@ -92,8 +100,10 @@ def write_bundle(*, out: Path, stages: list[int], checkpoints: dict[int, Path], 
         state = load_checkpoint(path, mmap=True)  # only the meta is read
         if state.get("stage") != n:
             raise BadInputError(f"{path}: checkpoint of stage {state.get('stage')}, expected stage {n}")
-        metas[n] = {k: state.get(k) for k in ("stage", "vcloud_version", "git_revision", "torch_version",
-                                               "config_hash", "created_utc")}  # fmt: skip
+        metas[n] = {
+            k: state.get(k)
+            for k in ("stage", "vcloud_version", "git_revision", "torch_version", "config_hash", "created_utc")
+        }
     uses_wind = cfg.stage1.model.wind_scan and any(get_stage(n).reads_wind for n in packed)
     if uses_wind:
         from vcloud.wind.stage_orders import load_wind_orders
@@ -112,13 +122,21 @@ def write_bundle(*, out: Path, stages: list[int], checkpoints: dict[int, Path], 
         "stages": {str(n): {"predictor_needs": list(get_stage(n).predictor_needs)} for n in predicts},
         "default_stage": max(predicts),
         "inputs": {
-            "s2": {"bands": list(S2_BANDS), "product": "Sentinel-2 Level-1C top-of-atmosphere reflectance",
-                   "dtype": "uint16", "scale": f"reflectance x {S2_SCALE:g}",
-                   "normalisation": training["normalisation"].get("s2")},
-            "s1": {"bands": list(S1_BANDS), "product": "Sentinel-1 GRD backscatter, dB (VV, VH)",
-                   "dtype": "float32", "normalisation": training["normalisation"].get("s1"),
-                   "missing": "a date without S1 is an input with its S1 zeroed and the S1-validity "
-                              "channel at 0: the model is told (it trained with S1 dropped at random)"},
+            "s2": {
+                "bands": list(S2_BANDS),
+                "product": "Sentinel-2 Level-1C top-of-atmosphere reflectance",
+                "dtype": "uint16",
+                "scale": f"reflectance x {S2_SCALE:g}",
+                "normalisation": training["normalisation"].get("s2"),
+            },
+            "s1": {
+                "bands": list(S1_BANDS),
+                "product": "Sentinel-1 GRD backscatter, dB (VV, VH)",
+                "dtype": "float32",
+                "normalisation": training["normalisation"].get("s1"),
+                "missing": "a date without S1 is an input with its S1 zeroed and the S1-validity "
+                "channel at 0: the model is told (it trained with S1 dropped at random)",
+            },
             "cloud_probability": "s2cloudless on the 13 bands, computed by vcloud prepare",
             "input_dates": cfg.data.input_dates,
             "patch_size": training["patch_size"],
@@ -129,11 +147,10 @@ def write_bundle(*, out: Path, stages: list[int], checkpoints: dict[int, Path], 
         "checkpoints": {f"stage{n}.pt": meta for n, meta in metas.items()},
         "evaluation": evaluations,
         "producer": {**provenance(), "command": command},
-    }  # fmt: skip
+    }
     card_bytes = (json.dumps(card, indent=1) + "\n").encode()
     config_bytes = _yaml(config_to_dict(cfg)).encode()
-    sources: dict[str, Path | bytes] = {CARD: card_bytes, CARD_TEXT: render_card(card).encode(),
-                                        CONFIG: config_bytes}  # fmt: skip
+    sources: dict[str, Path | bytes] = {CARD: card_bytes, CARD_TEXT: render_card(card).encode(), CONFIG: config_bytes}
     sources.update({f"stage{n}.pt": Path(path) for n, path in needed.items()})
     if uses_wind:
         sources[WIND] = Path(wind_cache)
@@ -190,11 +207,15 @@ def _training_data(store: Path) -> dict:
         raise BadInputError(f"{store}: {height}x{width} pixel images; a bundle records one square patch size")
     producer = ds.attrs.get("producer", {})
     record = {
-        "store": Path(store).name, "split": Path(store).name.removesuffix(".zarr"),
-        "source": ds.attrs.get("source"), "store_format_version": ds.attrs.get("format_version"),
-        "locations": int(ds.sizes["location"]), "dates_per_location": int(ds.sizes["time"]),
-        "rois": regions, "prepare_options": producer.get("options"),
-    }  # fmt: skip
+        "store": Path(store).name,
+        "split": Path(store).name.removesuffix(".zarr"),
+        "source": ds.attrs.get("source"),
+        "store_format_version": ds.attrs.get("format_version"),
+        "locations": int(ds.sizes["location"]),
+        "dates_per_location": int(ds.sizes["time"]),
+        "rois": regions,
+        "prepare_options": producer.get("options"),
+    }
     return {"record": record, "patch_size": height, "normalisation": ds.attrs.get("normalisation", {})}
 
 
@@ -215,17 +236,22 @@ def _evaluations(reports: list[Path], predicts: list[int]) -> dict:
             entry = {"protocol": result.get("protocol"), "samples": result.get("samples")}
             if "unavailable" in result:
                 entry["unavailable"] = result["unavailable"]
-            entry["mean"] = {method: result[method]["mean"] for method in result
-                             if isinstance(result.get(method), dict) and "mean" in result[method]}  # fmt: skip
+            entry["mean"] = {
+                method: result[method]["mean"]
+                for method in result
+                if isinstance(result.get(method), dict) and "mean" in result[method]
+            }
             figures[name] = entry
         found[str(stage)] = {
-            "report": path.name, "store": report.get("store"),
-            "report_sha256": _sha256(path)[0], "protocols": figures,
+            "report": path.name,
+            "store": report.get("store"),
+            "report_sha256": _sha256(path)[0],
+            "protocols": figures,
             # what made the figures, when the report records it; else the command that remakes them
             # from this bundle (evaluation is seeded: the same figures on the same store)
             "command": report.get("command")
             or f"vcloud evaluate --bundle <this bundle> --stage {stage} --store {report.get('store')} --out stage{stage}.json",
-        }  # fmt: skip
+        }
     return found
 
 
@@ -264,8 +290,12 @@ def render_card(card: dict) -> str:
     if not card["evaluation"]:
         lines.append("No evaluation report was packed.")
     for stage, figures in card["evaluation"].items():
-        lines += [f"### Stage {stage}", "", f"Report `{figures['report']}` on `{figures['store']}`; "
-                  f"command: `{figures['command']}`", ""]  # fmt: skip
+        lines += [
+            f"### Stage {stage}",
+            "",
+            f"Report `{figures['report']}` on `{figures['store']}`; command: `{figures['command']}`",
+            "",
+        ]
         for name, entry in figures["protocols"].items():
             lines.append(f"- Protocol `{name}`: {json.dumps(entry['protocol'])}, {entry['samples']} samples")
             if "unavailable" in entry:
@@ -322,10 +352,13 @@ def open_bundle(path: Path, *, store: Path | None = None) -> Iterator[Bundle]:
         except ValueError as err:
             raise BadInputError(f"{path}: {CARD} is not JSON ({err})") from None
         bundle = Bundle(
-            path=path, sha256=bundle_sha, card=card, config=folder / CONFIG,
+            path=path,
+            sha256=bundle_sha,
+            card=card,
+            config=folder / CONFIG,
             checkpoints={int(name[5:-3]): folder / name for name in manifest["members"] if name.startswith("stage")},
             wind_cache=folder / WIND if WIND in manifest["members"] else None,
-        )  # fmt: skip
+        )
         if store is not None:
             check_fits(bundle, Path(store))
         yield bundle
@@ -352,8 +385,10 @@ def _extract(path: Path, folder: Path) -> tuple[dict, str]:
                 if name not in members or not info.isfile():
                     raise BadInputError(f"{path}: member {name} is not in the bundle's manifest")
                 if info.size != members[name]["bytes"]:
-                    raise BadInputError(f"{path}: member {name} has {info.size} bytes, the manifest says "
-                                        f"{members[name]['bytes']}; the bundle is damaged")  # fmt: skip
+                    raise BadInputError(
+                        f"{path}: member {name} has {info.size} bytes, the manifest says "
+                        f"{members[name]['bytes']}; the bundle is damaged"
+                    )
                 target = folder / name
                 target.parent.mkdir(parents=True, exist_ok=True)
                 digest = hashlib.sha256()
@@ -362,8 +397,9 @@ def _extract(path: Path, folder: Path) -> tuple[dict, str]:
                         digest.update(block)
                         sink.write(block)
                 if digest.hexdigest() != members[name]["sha256"]:
-                    raise BadInputError(f"{path}: member {name} fails its SHA-256 check; the bundle is damaged "
-                                        "or altered")  # fmt: skip
+                    raise BadInputError(
+                        f"{path}: member {name} fails its SHA-256 check; the bundle is damaged or altered"
+                    )
                 seen.add(name)
     except (tarfile.TarError, EOFError, OSError) as err:
         raise BadInputError(f"{path}: not a readable bundle ({type(err).__name__}: {err})") from None
@@ -375,8 +411,11 @@ def _extract(path: Path, folder: Path) -> tuple[dict, str]:
 
 def _check_manifest(path: Path, manifest) -> None:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise BadInputError(f"{path}: not a vcloud bundle (format {manifest.get('format')!r})"
-                            if isinstance(manifest, dict) else f"{path}: not a vcloud bundle")  # fmt: skip
+        raise BadInputError(
+            f"{path}: not a vcloud bundle (format {manifest.get('format')!r})"
+            if isinstance(manifest, dict)
+            else f"{path}: not a vcloud bundle"
+        )
     version = manifest.get("format_version")
     if version != FORMAT_VERSION:
         raise BadInputError(f"{path}: bundle format_version {version!r}, this vcloud reads {FORMAT_VERSION}")
@@ -394,8 +433,10 @@ def check_fits(bundle: Bundle, store: Path) -> None:
 
     ds = open_store(store)
     inputs, where = bundle.card["inputs"], f"{bundle.path}: does not fit {store}"
-    bands = {"S2": (inputs["s2"]["bands"], ds.attrs.get("s2_bands")),
-             "S1": (inputs["s1"]["bands"], ds.attrs.get("s1_bands"))}  # fmt: skip
+    bands = {
+        "S2": (inputs["s2"]["bands"], ds.attrs.get("s2_bands")),
+        "S1": (inputs["s1"]["bands"], ds.attrs.get("s1_bands")),
+    }
     for kind, (want, have) in bands.items():
         if list(want) != list(have or []):
             raise BadInputError(f"{where}: {kind} bands {','.join(have or [])}, the model takes {','.join(want)}")
@@ -406,8 +447,10 @@ def check_fits(bundle: Bundle, store: Path) -> None:
     normalisation = ds.attrs.get("normalisation", {})
     for kind in ("s2", "s1"):
         if normalisation.get(kind) != inputs[kind]["normalisation"]:
-            raise BadInputError(f"{where}: {kind.upper()} normalisation {json.dumps(normalisation.get(kind))}, "
-                                f"the model's {json.dumps(inputs[kind]['normalisation'])}")  # fmt: skip
+            raise BadInputError(
+                f"{where}: {kind.upper()} normalisation {json.dumps(normalisation.get(kind))}, "
+                f"the model's {json.dumps(inputs[kind]['normalisation'])}"
+            )
 
 
 @dataclass(frozen=True)
@@ -422,9 +465,17 @@ class ModelInputs:
 
 
 @contextmanager
-def model_inputs(*, bundle: Path | None, store: Path, stage: int | None, config: Path | None,
-                 checkpoints: dict[int, Path], wind_cache: Path | None, command: str,
-                 needs_stage: bool = True) -> Iterator[ModelInputs]:  # fmt: skip
+def model_inputs(
+    *,
+    bundle: Path | None,
+    store: Path,
+    stage: int | None,
+    config: Path | None,
+    checkpoints: dict[int, Path],
+    wind_cache: Path | None,
+    command: str,
+    needs_stage: bool = True,
+) -> Iterator[ModelInputs]:
     """The model of `vcloud predict/evaluate/export-viewer`: a bundle checked against `store`
     (members valid inside the block), or the separate files as given."""
     if bundle is None:

@@ -40,9 +40,15 @@ def block_size(height: int, width: int) -> int:
 
 
 def write_cog(
-    out: Path, data: np.ndarray, *, crs: str, transform: tuple[float, ...], descriptions: list[str],
-    tags: dict[str, str], nodata: float | None = None,
-) -> None:  # fmt: skip
+    out: Path,
+    data: np.ndarray,
+    *,
+    crs: str,
+    transform: tuple[float, ...],
+    descriptions: list[str],
+    tags: dict[str, str],
+    nodata: float | None = None,
+) -> None:
     """(bands, H, W) array -> a COG at `out` with `crs` and GDAL geotransform `transform`."""
     import rasterio
     from rasterio.io import MemoryFile
@@ -52,10 +58,15 @@ def write_cog(
 
     bands, height, width = data.shape
     profile = {
-        "driver": "GTiff", "dtype": data.dtype.name, "count": bands, "height": height, "width": width,
-        "crs": rasterio.crs.CRS.from_user_input(crs) if crs else None, "transform": Affine.from_gdal(*transform),
+        "driver": "GTiff",
+        "dtype": data.dtype.name,
+        "count": bands,
+        "height": height,
+        "width": width,
+        "crs": rasterio.crs.CRS.from_user_input(crs) if crs else None,
+        "transform": Affine.from_gdal(*transform),
         "nodata": nodata,
-    }  # fmt: skip
+    }
     tile = block_size(height, width)
     cog = cog_profiles.get(COG_PROFILE)
     cog.update(blockxsize=tile, blockysize=tile, predictor=2)

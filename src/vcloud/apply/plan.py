@@ -48,10 +48,14 @@ class Job:
         """The manifest's record of what the output was made from."""
         dates = [date_text(reader.date_s2[self.location, t]) for t in self.inputs]
         return {
-            "location": self.location_id, "roi": self.roi, "date": self.date, "time_index": self.time,
-            "cloud_cover": round(self.cloud_cover, 4), "input_dates": dates,
+            "location": self.location_id,
+            "roi": self.roi,
+            "date": self.date,
+            "time_index": self.time,
+            "cloud_cover": round(self.cloud_cover, 4),
+            "input_dates": dates,
             "s1": "missing: zeros (the store's missing-image value)" if self.s1_missing else "present",
-        }  # fmt: skip
+        }
 
 
 @dataclass(frozen=True)
@@ -94,8 +98,9 @@ def plan_jobs(
     """Every output to make, in store order; BadInputError naming a --dates value not in the store."""
     valid_s2 = reader.valid_s2  # targets and inputs alike: S2-only dates are data (S1 zeroed, s1_valid False)
     cover = np.nan_to_num(reader.cloud_cover, nan=1.0)
-    stored = np.array([[date_text(d) if ok else "" for d, ok in zip(row, oks)]
-                       for row, oks in zip(reader.date_s2, valid_s2)])  # fmt: skip
+    stored = np.array(
+        [[date_text(d) if ok else "" for d, ok in zip(row, oks)] for row, oks in zip(reader.date_s2, valid_s2)]
+    )
     if dates is not None:
         missing = [d for d in dates if not (stored == d).any()]
         if missing:
@@ -117,11 +122,20 @@ def plan_jobs(
         if name in names:  # two images of one location on one day: keep both, apart
             name = f"{name}_t{t}"
         names.add(name)
-        jobs.append(Job(
-            name=name, location=location, location_id=reader.locations[location], roi=rois[location], time=t,
-            date=stored[location, t], inputs=tuple(inputs), slot=inputs.index(t),
-            cloud_cover=float(reader.cloud_cover[location, t]), s1_missing=not bool(reader.valid_s1[location, t]),
-        ))  # fmt: skip
+        jobs.append(
+            Job(
+                name=name,
+                location=location,
+                location_id=reader.locations[location],
+                roi=rois[location],
+                time=t,
+                date=stored[location, t],
+                inputs=tuple(inputs),
+                slot=inputs.index(t),
+                cloud_cover=float(reader.cloud_cover[location, t]),
+                s1_missing=not bool(reader.valid_s1[location, t]),
+            )
+        )
     return jobs
 
 
@@ -144,9 +158,13 @@ def read_batch(reader: ShardReader, jobs: list[Job]) -> Batch:
         prob = np.where(raw.cloud_prob == 255, np.float32(1.0), raw.cloud_prob.astype(np.float32) / CLOUD_PROB_SCALE)
         inputs = list(job.inputs)
         item = stack_sample(
-            normalise_s2(raw.s2), normalise_s1(raw.s1), prob.astype(np.float32),
-            reader.date_s2[job.location, inputs], job.slot, s1_valid=reader.valid_s1[job.location, inputs],
-        )  # fmt: skip
+            normalise_s2(raw.s2),
+            normalise_s1(raw.s1),
+            prob.astype(np.float32),
+            reader.date_s2[job.location, inputs],
+            job.slot,
+            s1_valid=reader.valid_s1[job.location, inputs],
+        )
         item["wind"] = torch.from_numpy(reader.wind[job.location, job.time])
         items.append(item)
         observed.append(raw.s2[job.slot])

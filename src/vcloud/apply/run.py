@@ -68,11 +68,24 @@ def checksum(path: Path, what: str) -> str:
         raise BadInputError(f"{path}: {what} not readable ({err.strerror or err})") from None
 
 
-def predict(*, store: Path, out: Path, stage: int, checkpoints: dict[int, Path], config_path: Path,
-            wind_cache: Path | None = None, dates: list[str] | None = None, min_cover: float = CLEAR_MAX_COVER,
-            draws: int | None = None, batch_size: int = 8, device: str | None = None,
-            clear_pixels: str = "observed", command: str = "vcloud predict", timings: dict | None = None,
-            bundle: dict | None = None) -> dict:  # fmt: skip
+def predict(
+    *,
+    store: Path,
+    out: Path,
+    stage: int,
+    checkpoints: dict[int, Path],
+    config_path: Path,
+    wind_cache: Path | None = None,
+    dates: list[str] | None = None,
+    min_cover: float = CLEAR_MAX_COVER,
+    draws: int | None = None,
+    batch_size: int = 8,
+    device: str | None = None,
+    clear_pixels: str = "observed",
+    command: str = "vcloud predict",
+    timings: dict | None = None,
+    bundle: dict | None = None,
+) -> dict:
     """Reconstruct the planned dates of `store` with stage `stage` into `out`; returns the manifest.
     `timings` (bench): filled with seconds spent reading, in the model and writing. `bundle`: the
     {path, sha256} of the bundle the config and checkpoints came from (recorded, not part of the
@@ -112,32 +125,53 @@ def predict(*, store: Path, out: Path, stage: int, checkpoints: dict[int, Path],
 
     config_text = json.dumps(config_to_dict(cfg), sort_keys=True, default=str)
     request = {
-        "stage": stage, "weights_sha256": weights, "config_sha256": hashlib.sha256(config_text.encode()).hexdigest(),
-        "wind_cache_sha256": wind_sha, "store_metadata_sha256": checksum(store / "zarr.json", "prepared store"),
-        "dates": wanted, "min_cover": None if wanted else min_cover, "input_dates": cfg.data.input_dates,
-        "draws": n_draws, "batch_size": batch_size, "clear_pixels": clear_pixels, "device": dev.type,
-    }  # fmt: skip
+        "stage": stage,
+        "weights_sha256": weights,
+        "config_sha256": hashlib.sha256(config_text.encode()).hexdigest(),
+        "wind_cache_sha256": wind_sha,
+        "store_metadata_sha256": checksum(store / "zarr.json", "prepared store"),
+        "dates": wanted,
+        "min_cover": None if wanted else min_cover,
+        "input_dates": cfg.data.input_dates,
+        "draws": n_draws,
+        "batch_size": batch_size,
+        "clear_pixels": clear_pixels,
+        "device": dev.type,
+    }
     rid = request_id(request)
     previous = read_manifest(out).get("outputs", {}) if out.is_dir() else {}
     finished = {
         job.name for job in jobs if is_finished(previous.get(job.name), out, rid, made_from=job.describe(reader))
     }
     manifest = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "producer": provenance(), "command": command,
-        "store": str(store), "bundle": bundle, "config": str(config_path),
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "producer": provenance(),
+        "command": command,
+        "store": str(store),
+        "bundle": bundle,
+        "config": str(config_path),
         "checkpoints": {str(n): {"path": str(p), "sha256": weights[str(n)]} for n, p in needed.items()},
         "wind_cache": None if wind_sha is None else {"path": str(wind_cache), "sha256": wind_sha},
-        "request": request, "request_id": rid,
-        "bands": list(S2_BANDS), "scale": f"uint16 reflectance x {S2_SCALE:g} (L1C, as the input)",
+        "request": request,
+        "request_id": rid,
+        "bands": list(S2_BANDS),
+        "scale": f"uint16 reflectance x {S2_SCALE:g} (L1C, as the input)",
         "clear_pixels": clear_pixels,
         "cloud_mask": f"s2cloudless mask of the stored probability (threshold {S2CLOUDLESS_KWARGS['threshold']}, "
-                      f"average_over {S2CLOUDLESS_KWARGS['average_over']}, dilation {S2CLOUDLESS_KWARGS['dilation_size']})",
-        "uncertainty": (f"per-pixel std of {n_draws} draws (x {S2_SCALE:g}), 0 where the observation is kept"
-                        if with_spread else f"none: {_no_spread(sampled, n_draws)}"),
-        "outputs": {job.name: previous[job.name] if job.name in finished else
-                    {**job.describe(reader), "status": "pending"} for job in jobs},
-        "mosaics": {}, "complete": False,
-    }  # fmt: skip
+        f"average_over {S2CLOUDLESS_KWARGS['average_over']}, dilation {S2CLOUDLESS_KWARGS['dilation_size']})",
+        "uncertainty": (
+            f"per-pixel std of {n_draws} draws (x {S2_SCALE:g}), 0 where the observation is kept"
+            if with_spread
+            else f"none: {_no_spread(sampled, n_draws)}"
+        ),
+        "outputs": {
+            job.name: previous[job.name] if job.name in finished else {**job.describe(reader), "status": "pending"}
+            for job in jobs
+        },
+        "mosaics": {},
+        "complete": False,
+    }
     log.info("%d outputs planned on %s, %d already done (request %s)", len(jobs), store, len(finished), rid)
     if out.is_dir():
         remove_leftover_temps(out)
@@ -147,8 +181,11 @@ def predict(*, store: Path, out: Path, stage: int, checkpoints: dict[int, Path],
     times.update(read=0.0, model=0.0, write=0.0, outputs=0)
     from tqdm import tqdm
 
-    descriptions = {"prediction": list(S2_BANDS), "uncertainty": [f"{b} std" for b in S2_BANDS],
-                    "cloud": ["cloud mask (1: cloud)", f"cloud probability x {CLOUD_PROB_SCALE} (255: none)"]}  # fmt: skip
+    descriptions = {
+        "prediction": list(S2_BANDS),
+        "uncertainty": [f"{b} std" for b in S2_BANDS],
+        "cloud": ["cloud mask (1: cloud)", f"cloud probability x {CLOUD_PROB_SCALE} (255: none)"],
+    }
     for group in tqdm(batches(jobs, batch_size), unit="batch", disable=None):
         if all(job.name in finished for job in group):
             continue
@@ -177,8 +214,14 @@ def predict(*, store: Path, out: Path, stage: int, checkpoints: dict[int, Path],
             predicted = np.round(mean[i] * S2_SCALE).astype(np.uint16)
             predicted = np.where(keep[None], batch.observed[i], predicted)
             georef = geo[job.location]
-            tags = {"VCLOUD_STAGE": str(stage), "DATE": job.date, "LOCATION": job.location_id,
-                    "REQUEST_ID": rid, "CLEAR_PIXELS": clear_pixels, "SCALE": str(S2_SCALE)}  # fmt: skip
+            tags = {
+                "VCLOUD_STAGE": str(stage),
+                "DATE": job.date,
+                "LOCATION": job.location_id,
+                "REQUEST_ID": rid,
+                "CLEAR_PIXELS": clear_pixels,
+                "SCALE": str(S2_SCALE),
+            }
             files = {
                 "prediction": (predicted, "uint16"),
                 "cloud": (np.stack([masks[i], batch.cloud_prob[i]]), "uint8"),
@@ -189,11 +232,21 @@ def predict(*, store: Path, out: Path, stage: int, checkpoints: dict[int, Path],
             records = {}
             for kind, (data, dtype) in files.items():
                 path = out / (f"{job.name}.tif" if kind == "prediction" else f"{job.name}_{kind}.tif")
-                write_cog(path, data.astype(dtype), crs=georef.crs, transform=georef.transform,
-                          descriptions=descriptions[kind], tags={**tags, "CONTENT": kind})  # fmt: skip
+                write_cog(
+                    path,
+                    data.astype(dtype),
+                    crs=georef.crs,
+                    transform=georef.transform,
+                    descriptions=descriptions[kind],
+                    tags={**tags, "CONTENT": kind},
+                )
                 records[kind] = file_record(out, path)
-            manifest["outputs"][job.name] = {**job.describe(reader), "status": "done", "request_id": rid,
-                                             "files": records}  # fmt: skip
+            manifest["outputs"][job.name] = {
+                **job.describe(reader),
+                "status": "done",
+                "request_id": rid,
+                "files": records,
+            }
             times["outputs"] += 1
         write_manifest(out, manifest)  # after the batch's files: it never names an incomplete file
         times["write"] += time.perf_counter() - start
@@ -201,8 +254,13 @@ def predict(*, store: Path, out: Path, stage: int, checkpoints: dict[int, Path],
     manifest["complete"] = True
     write_manifest(out, manifest, final=True)
     made = times["outputs"]
-    log.info("%s: %d outputs made, %d kept from an earlier run, %d mosaics", out, made, len(finished),
-             len(manifest["mosaics"]))  # fmt: skip
+    log.info(
+        "%s: %d outputs made, %d kept from an earlier run, %d mosaics",
+        out,
+        made,
+        len(finished),
+        len(manifest["mosaics"]),
+    )
     return manifest
 
 

@@ -181,8 +181,10 @@ def _check_folder(name: ArchiveName, archive: Path, member: str) -> tuple[RoiId,
         parts = parts[1:]
     allowed = (r"ROIs\d{4}", r"\d+", name.kind.upper(), r"\d+")
     if len(parts) > len(allowed) or not all(re.fullmatch(a, p) for a, p in zip(allowed, parts)):
-        raise BadInputError(f"{archive}:{member}/: folder not in the dataset's inner layout "
-                            f"({name.top}/ROIsXXXX/<roi>/{name.kind.upper()}/<t>/)")  # fmt: skip
+        raise BadInputError(
+            f"{archive}:{member}/: folder not in the dataset's inner layout "
+            f"({name.top}/ROIsXXXX/<roi>/{name.kind.upper()}/<t>/)"
+        )
     if len(parts) == 4:
         return RoiId(parts[0], int(parts[1])), name.kind, int(parts[3])
     return None
@@ -244,11 +246,13 @@ def write_index(index: ArchiveIndex) -> Path:
         "fingerprint": index.fingerprint,
         "spacing": index.spacing,
         "rois": {
-            roi: [[kind, t, [[m.name, m.offset, m.size, m.crc] for m in members]]
-                  for (kind, t), members in sorted(folders.items())]
+            roi: [
+                [kind, t, [[m.name, m.offset, m.size, m.crc] for m in members]]
+                for (kind, t), members in sorted(folders.items())
+            ]
             for roi, folders in sorted(index.rois.items())
         },
-    }  # fmt: skip
+    }
     body = zlib.compress(json.dumps(header, separators=(",", ":")).encode(), 6)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
@@ -278,8 +282,9 @@ def read_index(
     except FileNotFoundError:
         raise BadInputError(f"{path}: index of {archive.name} not found (build it: vcloud index {archive})") from None
     except (OSError, ValueError, struct.error, zlib.error) as err:
-        raise BadInputError(f"{path}: unreadable index ({type(err).__name__}: {err}); rebuild it: "
-                            f"vcloud index {archive}") from None  # fmt: skip
+        raise BadInputError(
+            f"{path}: unreadable index ({type(err).__name__}: {err}); rebuild it: vcloud index {archive}"
+        ) from None
     index = ArchiveIndex(
         archive=archive,
         path=path,
@@ -380,11 +385,15 @@ class ArchiveSource:
         except BadInputError:
             raise
         except Exception as err:
-            raise BadInputError(f"{where}: cannot read the member ({type(err).__name__}: {err}); "
-                                "the archive is damaged or its index is stale") from None  # fmt: skip
+            raise BadInputError(
+                f"{where}: cannot read the member ({type(err).__name__}: {err}); "
+                "the archive is damaged or its index is stale"
+            ) from None
         if len(data) != member.size or zlib.crc32(data) != member.crc:
-            raise BadInputError(f"{where}: member bytes do not match the index (CRC-32); the archive is "
-                                f"damaged or changed: rebuild the index with vcloud index {self.archive}")  # fmt: skip
+            raise BadInputError(
+                f"{where}: member bytes do not match the index (CRC-32); the archive is "
+                f"damaged or changed: rebuild the index with vcloud index {self.archive}"
+            )
         return io.BytesIO(data)
 
     def _decompressor(self):

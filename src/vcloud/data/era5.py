@@ -183,9 +183,14 @@ def _roi_grid(need: WindNeed, frame: _Frame, boxes: dict, source: str):
     return xr.Dataset(
         {"u10": (dims, u.astype(np.float32)), "v10": (dims, v.astype(np.float32))},
         coords={"time": when, "latitude": frame.latitude, "longitude": frame.longitude},
-        attrs={"roi": str(need.roi), "source": source, "variables": f"{U10}, {V10}",
-               "hours": "noon UTC of each acquisition date", "vcloud_version": __version__},
-    )  # fmt: skip
+        attrs={
+            "roi": str(need.roi),
+            "source": source,
+            "variables": f"{U10}, {V10}",
+            "hours": "noon UTC of each acquisition date",
+            "vcloud_version": __version__,
+        },
+    )
 
 
 def fetch(source: str | None, needs: list[WindNeed], out: Path, *, workers: int = 4) -> dict:

@@ -78,8 +78,13 @@ def _pair(s2: list, s1: list, folder: Path) -> dict[int, tuple[dt.date, Path]]:
             pairs[t] = (d, p)
     unused = sorted({p.name for _, p in s1} - {p.name for _, p in pairs.values()})
     if unused:
-        log.info("%s: %d S1 images more than %d days from every S2 date, not read: %s", folder / "S1", len(unused),
-                 S1_MAX_DAYS, ", ".join(unused))  # fmt: skip
+        log.info(
+            "%s: %d S1 images more than %d days from every S2 date, not read: %s",
+            folder / "S1",
+            len(unused),
+            S1_MAX_DAYS,
+            ", ".join(unused),
+        )
     return pairs
 
 
@@ -120,8 +125,11 @@ class FolderSource:
         """The images of date index `t` under the dataset's names; [] when no tile has one."""
         if t >= self.times:
             return None
-        return [(self._name(roi, kind, patch, t).filename, False) for patch in range(len(self.tiles))
-                if (kind, patch, t) in self.files]  # fmt: skip
+        return [
+            (self._name(roi, kind, patch, t).filename, False)
+            for patch in range(len(self.tiles))
+            if (kind, patch, t) in self.files
+        ]
 
     def _file(self, kind: str, patch: int, t: int) -> Path:
         return self.files[(kind, patch, t)][1]

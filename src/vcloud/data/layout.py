@@ -59,10 +59,21 @@ REGION_SPLITS: dict[str, dict[str, tuple[str, ...]]] = {
     "europa": {
         "test": ("ROIs2017/63", "ROIs2017/103", "ROIs2017/108", "ROIs1868/142", "ROIs1970/20"),
         "val": ("ROIs1868/17",),
-        "train": ("ROIs1868/56", "ROIs1868/121", "ROIs1868/139", "ROIs1970/71", "ROIs1970/91", "ROIs1970/119",
-                  "ROIs1970/128", "ROIs1970/133", "ROIs1970/144", "ROIs1970/149", "ROIs2017/146"),
+        "train": (
+            "ROIs1868/56",
+            "ROIs1868/121",
+            "ROIs1868/139",
+            "ROIs1970/71",
+            "ROIs1970/91",
+            "ROIs1970/119",
+            "ROIs1970/128",
+            "ROIs1970/133",
+            "ROIs1970/144",
+            "ROIs1970/149",
+            "ROIs2017/146",
+        ),
     },
-}  # fmt: skip
+}
 REGIONS: tuple[str, ...] = tuple(REGION_SPLITS)
 
 

@@ -151,11 +151,21 @@ def _log_series(scan) -> None:
     roi = scan.roi
     name = lambda patch: location_id(roi.rois, roi.roi, patch)  # noqa: E731
     if scan.beyond:
-        log.warning("%s: %d time folders past times=%d not prepared (t=%s); raise data.times to use them",
-                    roi, len(scan.beyond), scan.times, spans(scan.beyond))  # fmt: skip
+        log.warning(
+            "%s: %d time folders past times=%d not prepared (t=%s); raise data.times to use them",
+            roi,
+            len(scan.beyond),
+            scan.times,
+            spans(scan.beyond),
+        )
     if scan.absent:
-        log.info("%s: a series of %d of %d dates: t=%s absent (no S2 or S1 folder), stored as missing",
-                 roi, scan.times - len(scan.absent), scan.times, spans(scan.absent))  # fmt: skip
+        log.info(
+            "%s: a series of %d of %d dates: t=%s absent (no S2 or S1 folder), stored as missing",
+            roi,
+            scan.times - len(scan.absent),
+            scan.times,
+            spans(scan.absent),
+        )
     with_s2 = [key for key, pair in scan.images.items() if "s2" in pair]
     if scan.s1_missing and len(scan.s1_missing) == len(with_s2):
         log.info("%s: no S1 image at all: its %d S2 images are kept with S2 only (valid_s1 False)", roi, len(with_s2))

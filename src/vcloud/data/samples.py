@@ -96,15 +96,30 @@ def left_out(reader: StoreReader, usable: np.ndarray, *, sampler: str, min_dates
     short = np.flatnonzero(counts < min_dates).tolist()
     no_s1 = int((usable & ~reader.valid_s1).sum())
     if no_s1:
-        log.info("%s %s: %d of %d usable dates have no S1 (used with S1 zeroed, s1_valid False)",
-                 reader.path, sampler, no_s1, int(usable.sum()))  # fmt: skip
-    for label, group in (("no S2 date", [i for i in short if counts[i] == 0]),
-                         (f"fewer than {min_dates} dates with S2", [i for i in short if counts[i] > 0])):  # fmt: skip
+        log.info(
+            "%s %s: %d of %d usable dates have no S1 (used with S1 zeroed, s1_valid False)",
+            reader.path,
+            sampler,
+            no_s1,
+            int(usable.sum()),
+        )
+    for label, group in (
+        ("no S2 date", [i for i in short if counts[i] == 0]),
+        (f"fewer than {min_dates} dates with S2", [i for i in short if counts[i] > 0]),
+    ):
         if group:
             names = ", ".join(reader.locations[i] for i in group[:NAMED])
             more = f" and {len(group) - NAMED} more" if len(group) > NAMED else ""
-            log.info("%s %s: %d of %d locations left out (%s): %s%s",
-                     reader.path, sampler, len(group), len(counts), label, names, more)  # fmt: skip
+            log.info(
+                "%s %s: %d of %d locations left out (%s): %s%s",
+                reader.path,
+                sampler,
+                len(group),
+                len(counts),
+                label,
+                names,
+                more,
+            )
     return short
 
 
@@ -113,9 +128,11 @@ def no_target_reason(reader: StoreReader, usable: np.ndarray, clear_max_cover: f
     cover = np.where(usable, np.nan_to_num(reader.cloud_cover, nan=1.0), np.inf)
     lowest = f"lowest cloud cover {float(cover.min()):.3f}" if usable.any() else "no S2 image"
     single = int((usable.sum(axis=1) == 1).sum())
-    return (f"{reader.path}: no clear date (cloud cover < {clear_max_cover} on a valid S2 image, in a location "
-            f"with at least 2 dates) to use as ground truth: {len(reader)} locations, {int(usable.sum())} dates "
-            f"with S2 ({lowest}), {single} locations with a single date")  # fmt: skip
+    return (
+        f"{reader.path}: no clear date (cloud cover < {clear_max_cover} on a valid S2 image, in a location "
+        f"with at least 2 dates) to use as ground truth: {len(reader)} locations, {int(usable.sum())} dates "
+        f"with S2 ({lowest}), {single} locations with a single date"
+    )
 
 
 class _StoreSamples(Dataset):
@@ -222,8 +239,7 @@ class CloudySamples(_StoreSamples):
         if kinds is not None:  # every (target, kind) pair once, in a seeded order
             pairs = len(self.targets) * len(kinds)
             self.pair_order = np.random.default_rng((seed, 11)).permutation(pairs)
-        super().__init__(store, length=length or len(self.targets) * len(kinds or (0,)), seed=seed, crop=crop,
-                         raw=raw)  # fmt: skip
+        super().__init__(store, length=length or len(self.targets) * len(kinds or (0,)), seed=seed, crop=crop, raw=raw)
 
     def kinds_at(self, epoch: int) -> tuple[str, ...]:
         if self.kinds is not None:
@@ -303,22 +319,29 @@ class CloudySamples(_StoreSamples):
         days = _days(self.reader.date_s2[location, dates], target_index)
         if self.raw:  # the cloud is put on the target on the device too (finish_batch)
             item = {
-                "s2_raw": _bits(s2), "s1_raw": torch.from_numpy(np.ascontiguousarray(s1)),
+                "s2_raw": _bits(s2),
+                "s1_raw": torch.from_numpy(np.ascontiguousarray(s1)),
                 "prob_raw": torch.from_numpy(np.ascontiguousarray(prob)),
                 "cloud_opacity": torch.from_numpy(np.ascontiguousarray(opacity, dtype=np.float32)),
                 "cloud_shadow": torch.from_numpy(np.ascontiguousarray(shadow, dtype=np.float32)),
-                "days": days, "target_index": torch.tensor(target_index),
-                "s1_valid": torch.from_numpy(s1_valid.copy()), "target_s1_valid": torch.tensor(bool(s1_valid[target_index])),
-            }  # fmt: skip
+                "days": days,
+                "target_index": torch.tensor(target_index),
+                "s1_valid": torch.from_numpy(s1_valid.copy()),
+                "target_s1_valid": torch.tensor(bool(s1_valid[target_index])),
+            }
             if self.detect == "device":
                 item["detect_target"] = torch.tensor(True)
         else:
             s2 = normalise_s2(s2)
             s2[target_index] = clouded
             item = stack_sample(
-                s2, normalise_s1(s1), _probability(prob), self.reader.date_s2[location, dates], target_index,
+                s2,
+                normalise_s1(s1),
+                _probability(prob),
+                self.reader.date_s2[location, dates],
+                target_index,
                 s1_valid=s1_valid,
-            )  # fmt: skip
+            )
             item["target"] = torch.from_numpy(np.ascontiguousarray(truth))
         item["wind"] = torch.from_numpy(self.reader.wind[location, target_t])
         item["cloud_class"] = torch.tensor(CLOUD_CLASSES.index(kind))
@@ -349,8 +372,9 @@ class UnlabelledSamples(_StoreSamples):
         dates, target_index = _pick_dates(rng, self.usable[location], target_t, self.dates)
         sample = self.reader.read(location, dates)
         prob = np.nan_to_num(sample.cloud_prob, nan=1.0)
-        item = stack_sample(sample.s2, sample.s1, prob, self.reader.date_s2[location, dates], target_index,
-                            s1_valid=sample.valid_s1)  # fmt: skip
+        item = stack_sample(
+            sample.s2, sample.s1, prob, self.reader.date_s2[location, dates], target_index, s1_valid=sample.valid_s1
+        )
         item["wind"] = torch.from_numpy(self.reader.wind[location, target_t])
         item["visible"] = torch.from_numpy(prob[target_index] < S2CLOUDLESS_KWARGS["threshold"])
         item["location"] = torch.tensor(location)

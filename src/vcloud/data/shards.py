@@ -88,8 +88,15 @@ def _chunk_bytes(fd: int, size: int, index: np.ndarray, t: int) -> bytes:
     return os.pread(fd, int(nbytes), int(offset))
 
 
-def read_images(store: Path, layout: ShardLayout, location: int, times: Sequence[int], out: np.ndarray,
-                *, damaged: list | None = None) -> None:  # fmt: skip
+def read_images(
+    store: Path,
+    layout: ShardLayout,
+    location: int,
+    times: Sequence[int],
+    out: np.ndarray,
+    *,
+    damaged: list | None = None,
+) -> None:
     """Decode the images of `location` at `times` into `out` (len(times), *layout.image).
 
     A damaged chunk raises ChunkDamage(t, reason) (t None: the whole shard), or, with
@@ -128,8 +135,9 @@ class ChunkDamage(Exception):
         self.t, self.reason = t, reason
 
 
-def damage_message(store: Path, name: str, location_id: str, t: int | None, dates, reason: str, *,
-                   hint: bool = True) -> str:  # fmt: skip
+def damage_message(
+    store: Path, name: str, location_id: str, t: int | None, dates, reason: str, *, hint: bool = True
+) -> str:
     """`<store>: <var> of location <id> at <date> (t=<t>): <reason>` - one line for people."""
     if t is None:
         when = "every date"

@@ -60,9 +60,7 @@ NEVER_CLEAR_SHARES = {"clear": 0.0, "thin": 0.35, "thick": 0.35, "opaque": 0.3}
 # Default ROIs, all of them ROIs of SEN12MS-CR-TS (so the reference loader finds every split):
 # the first test ROI, the first val ROI, then train ROIs; roi 119 repeats across folders
 # (ROIs1868/119 is test, ROIs1970/119 train). More ROIs come from the dataset's train list.
-_DEFAULT_ROIS = (
-    RoiId("ROIs1868", 119), RoiId("ROIs2017", 22), RoiId("ROIs1970", 119), RoiId("ROIs1970", 21),
-)  # fmt: skip
+_DEFAULT_ROIS = (RoiId("ROIs1868", 119), RoiId("ROIs2017", 22), RoiId("ROIs1970", 119), RoiId("ROIs1970", 21))
 
 # Top-of-atmosphere reflectance x10000 in S2_BANDS order (B1 B2 B3 B4 B5 B6 B7 B8 B8A B9 B10 B11 B12).
 LAND_COVERS = ("water", "vegetation", "soil", "urban")
@@ -139,8 +137,15 @@ def write_raw_tree(
         if archives:
             _pack_archives(tmp, rois)
     counts = {name: sum(row[4] == name for row in truth_rows) for name in CLOUD_CLASSES}
-    log.info("wrote %s: %d ROIs x %d patches x %d dates at %d px; %s", out, len(rois), patches,
-             times, size, ", ".join(f"{k} {v}" for k, v in counts.items()))  # fmt: skip
+    log.info(
+        "wrote %s: %d ROIs x %d patches x %d dates at %d px; %s",
+        out,
+        len(rois),
+        patches,
+        times,
+        size,
+        ", ".join(f"{k} {v}" for k, v in counts.items()),
+    )
 
 
 def _check_arguments(*, rois, patches, times, size, seed) -> None:
@@ -307,8 +312,9 @@ def _class_schedule(rng: np.random.Generator, times: int, shares: dict[str, floa
     return rng.permutation(np.repeat(np.arange(len(CLOUD_CLASSES)), counts))
 
 
-def _field(rng: np.random.Generator, shape: tuple[int, int], sigma: float, *, stretch: float = 1.0,
-           angle: float = 0.0) -> np.ndarray:  # fmt: skip
+def _field(
+    rng: np.random.Generator, shape: tuple[int, int], sigma: float, *, stretch: float = 1.0, angle: float = 0.0
+) -> np.ndarray:
     """Periodic Gaussian-smoothed noise, mean 0 and std 1; `stretch` elongates it along `angle`
     (radians, in image x/col and y/row axes)."""
     ky = np.fft.fftfreq(shape[0])[:, None]
@@ -346,8 +352,15 @@ def _scene(roi: RoiId, plan: _Plan, *, patches: int, size: int, seed: int) -> _S
     shape = (size, patches * size)
     bias = np.array([-0.7, 0.4, 0.0, -0.4]) + rng.normal(0, 0.35, 4)
     # Three scales: parcels and ponds, fields and villages, lakes and towns.
-    logits = np.stack([0.45 * _land_field(rng, shape, 5.0) + 0.7 * _land_field(rng, shape, 15.0)
-                       + 0.55 * _land_field(rng, shape, 45.0) + b for b in bias])  # fmt: skip
+    logits = np.stack(
+        [
+            0.45 * _land_field(rng, shape, 5.0)
+            + 0.7 * _land_field(rng, shape, 15.0)
+            + 0.55 * _land_field(rng, shape, 45.0)
+            + b
+            for b in bias
+        ]
+    )
     land = np.exp((logits - logits.max(axis=0)) / 0.2)
     land = (land / land.sum(axis=0)).astype(np.float32)
     brightness = 1 + 0.06 * _land_field(rng, shape, 2.0) + 0.04 * _land_field(rng, shape, 10.0)
@@ -388,8 +401,7 @@ def _write_roi(root: Path, roi: RoiId, writer: _Writer, *, patches: int, times: 
             cols = slice(p * size, (p + 1) * size)
             cls = CLOUD_CLASSES[plan.classes[p, t]]
             window = (offset[0], offset[1] + p * size)
-            s2, cover = _add_clouds(scene, ground[:, :, cols], cls, plan.covers[p, t], window,
-                                    plan.shadow_px[t], rng)  # fmt: skip
+            s2, cover = _add_clouds(scene, ground[:, :, cols], cls, plan.covers[p, t], window, plan.shadow_px[t], rng)
             s1_patch = s1[:, :, cols].copy()
             if plan.s1_nan[p, t]:
                 _nan_strip(s1_patch, rng)
@@ -428,11 +440,19 @@ def _s1(scene: _Scene, plan: _Plan, t: int, rng: np.random.Generator) -> np.ndar
     speed = float(np.hypot(*plan.wind[t]))
     moisture = rng.normal(0, 1.2)  # dB, wet or dry soil at this date
     db = {
-        "VV": {"water": _S1_VV["water"] + 0.9 * speed, "vegetation": _S1_VV["vegetation"] + 1.5 * green,
-               "soil": _S1_VV["soil"] + moisture, "urban": _S1_VV["urban"] + 2.5 * scene.urban_texture},
-        "VH": {"water": _S1_VH["water"] + 0.9 * speed, "vegetation": _S1_VH["vegetation"] + 4.0 * green,
-               "soil": _S1_VH["soil"] + moisture, "urban": _S1_VH["urban"] + 2.0 * scene.urban_texture},
-    }  # fmt: skip
+        "VV": {
+            "water": _S1_VV["water"] + 0.9 * speed,
+            "vegetation": _S1_VV["vegetation"] + 1.5 * green,
+            "soil": _S1_VV["soil"] + moisture,
+            "urban": _S1_VV["urban"] + 2.5 * scene.urban_texture,
+        },
+        "VH": {
+            "water": _S1_VH["water"] + 0.9 * speed,
+            "vegetation": _S1_VH["vegetation"] + 4.0 * green,
+            "soil": _S1_VH["soil"] + moisture,
+            "urban": _S1_VH["urban"] + 2.0 * scene.urban_texture,
+        },
+    }
     out = []
     for band in S1_BANDS:
         power = sum(scene.land[i] * 10 ** (np.asarray(db[band][name]) / 10) for i, name in enumerate(LAND_COVERS))
@@ -458,8 +478,15 @@ def _window(field: np.ndarray, origin: tuple[int, int], size: int) -> np.ndarray
     return field[np.ix_(rows, cols)]
 
 
-def _add_clouds(scene: _Scene, ground: np.ndarray, cls: str, cover: float, origin: tuple[int, int],
-                shadow_px: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, float]:  # fmt: skip
+def _add_clouds(
+    scene: _Scene,
+    ground: np.ndarray,
+    cls: str,
+    cover: float,
+    origin: tuple[int, int],
+    shadow_px: np.ndarray,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, float]:
     """Cloudy uint16 S2 image of one patch and its true cloud cover."""
     size = ground.shape[-1]
     cumulus_spectrum = np.array(_CUMULUS, np.float32)[:, None, None]

@@ -62,8 +62,11 @@ def compare_stages(reports: list[Path], *, stages: tuple[int, ...]) -> dict:
                 values[n] = ([v for g in got for v in g[0]], [loc for g in got for loc in g[1]])
         if not values:
             continue
-        entry: dict = {"samples": len(next(iter(values.values()))[0]),
-                       "mean": {str(n): _mean(v[0]) for n, v in values.items()}, "difference": {}}  # fmt: skip
+        entry: dict = {
+            "samples": len(next(iter(values.values()))[0]),
+            "mean": {str(n): _mean(v[0]) for n, v in values.items()},
+            "difference": {},
+        }
         if name != "natural":  # the error where the reconstructed date is seen (scoring.score)
             entry["seen_mae"] = {str(n): by_stage[n][1][name].get("model", {}).get("seen_mae") for n in values}
         if name == "natural":
@@ -113,9 +116,13 @@ def markdown(comparison: dict) -> str:
         lines.append("| " + " | ".join([label, str(entry["samples"]), *means, *diffs]) + " |")
     seen = [(name, e["seen_mae"]) for name, e in comparison["protocols"].items() if e.get("seen_mae")]
     if seen:
-        lines += ["", "Mean |error| (S2 0..1) where the reconstructed date is seen (cloud probability < 0.4):", "",
-                  "| protocol | " + " | ".join(f"stage {n}" for n in order) + " |",
-                  "| --- | " + " | ".join(["--:"] * len(order)) + " |"]  # fmt: skip
+        lines += [
+            "",
+            "Mean |error| (S2 0..1) where the reconstructed date is seen (cloud probability < 0.4):",
+            "",
+            "| protocol | " + " | ".join(f"stage {n}" for n in order) + " |",
+            "| --- | " + " | ".join(["--:"] * len(order)) + " |",
+        ]
         for name, values in seen:
             cells = ["" if values.get(str(n)) is None else f"{values[str(n)]:.5f}" for n in order]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")

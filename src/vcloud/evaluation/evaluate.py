@@ -45,10 +45,19 @@ from vcloud.wind.stage_orders import load_wind_orders
 log = logging.getLogger(__name__)
 
 
-def evaluate(*, stage: int, store: Path, out: Path, checkpoints: dict[int, Path], config_path: Path,
-             wind_cache: Path | None = None, samples: int | None = None,
-             uncrtaints_pairs: Path | None = None, fixed_protocol: Path | None = None,
-             without_s1: bool = False) -> dict:  # fmt: skip
+def evaluate(
+    *,
+    stage: int,
+    store: Path,
+    out: Path,
+    checkpoints: dict[int, Path],
+    config_path: Path,
+    wind_cache: Path | None = None,
+    samples: int | None = None,
+    uncrtaints_pairs: Path | None = None,
+    fixed_protocol: Path | None = None,
+    without_s1: bool = False,
+) -> dict:
     """Score stage `stage` on every protocol; `uncrtaints_pairs` overrides evaluation.uncrtaints.pairs;
     `fixed_protocol`: the detection of `vcloud fixed-protocol` for this store and config;
     `without_s1`: S1 removed from every date of every sample."""
@@ -65,8 +74,14 @@ def evaluate(*, stage: int, store: Path, out: Path, checkpoints: dict[int, Path]
     samples_of = WithoutS1 if without_s1 else (lambda dataset: dataset)
     threshold = {"nearest_clear_max_cover": cfg.evaluation.nearest_clear_max_cover}
     dates = cfg.data.input_dates
-    fixed = {"protocol": "fixed", "dates": dates, "region": "all", "cloud_kinds": list(EVAL_KINDS),
-             "clear_max_cover": cfg.data.clear_target_max_cover, "seed": EVAL_SEED}  # fmt: skip
+    fixed = {
+        "protocol": "fixed",
+        "dates": dates,
+        "region": "all",
+        "cloud_kinds": list(EVAL_KINDS),
+        "clear_max_cover": cfg.data.clear_target_max_cover,
+        "seed": EVAL_SEED,
+    }
     protocols = {
         "fixed": {"protocol": fixed, **score(samples_of(fixed_set), predict, **threshold)},
         "reference": {
@@ -85,10 +100,18 @@ def evaluate(*, stage: int, store: Path, out: Path, checkpoints: dict[int, Path]
             **score(samples_of(uncrtaints), predict, **threshold),
         }
     else:  # this store has no sample of the protocol: said, not fatal
-        protocols["uncrtaints"] = {"protocol": uncrtaints_setup(cfg, pairs=uncrtaints_pairs), "samples": 0,
-                                   "unavailable": uncrtaints}  # fmt: skip
-    report = {"stage": stage, "store": str(store), "config": str(config_path), "without_s1": without_s1,
-              "protocols": protocols}  # fmt: skip
+        protocols["uncrtaints"] = {
+            "protocol": uncrtaints_setup(cfg, pairs=uncrtaints_pairs),
+            "samples": 0,
+            "unavailable": uncrtaints,
+        }
+    report = {
+        "stage": stage,
+        "store": str(store),
+        "config": str(config_path),
+        "without_s1": without_s1,
+        "protocols": protocols,
+    }
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out, report, indent=1)
@@ -101,9 +124,13 @@ def uncrtaints_setup(cfg: ModelSetConfig, *, pairs: Path | None = None) -> dict:
     setup = cfg.evaluation.uncrtaints
     path = pairs if pairs is not None else setup.pairs
     return {
-        "protocol": "uncrtaints", "dates": setup.dates, "region": setup.region,
-        "min_cov": setup.min_cov, "max_cov": setup.max_cov, "pairs": "computed" if path is None else str(path),
-    }  # fmt: skip
+        "protocol": "uncrtaints",
+        "dates": setup.dates,
+        "region": setup.region,
+        "min_cov": setup.min_cov,
+        "max_cov": setup.max_cov,
+        "pairs": "computed" if path is None else str(path),
+    }
 
 
 def uncrtaints_samples(store: Path, cfg: ModelSetConfig, *, pairs: Path | None = None) -> UncrtaintsSamples | str:
@@ -112,9 +139,13 @@ def uncrtaints_samples(store: Path, cfg: ModelSetConfig, *, pairs: Path | None =
     path = pairs if pairs is not None else setup.pairs
     try:
         return UncrtaintsSamples(
-            store, dates=setup.dates, region=setup.region, min_cov=setup.min_cov, max_cov=setup.max_cov,
+            store,
+            dates=setup.dates,
+            region=setup.region,
+            min_cov=setup.min_cov,
+            max_cov=setup.max_cov,
             pairs=None if path is None else Path(path),
-        )  # fmt: skip
+        )
     except BadInputError as err:
         if path is not None:
             raise

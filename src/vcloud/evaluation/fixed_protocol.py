@@ -126,9 +126,13 @@ def fixed_samples(
     running s2cloudless on every clouded target; checked first, a mismatch raises one line.
     """
     dataset = CloudySamples(
-        store, dates=cfg.data.input_dates, length=samples, seed=EVAL_SEED,
-        clear_max_cover=cfg.data.clear_target_max_cover, kinds=EVAL_KINDS,
-    )  # fmt: skip
+        store,
+        dates=cfg.data.input_dates,
+        length=samples,
+        seed=EVAL_SEED,
+        clear_max_cover=cfg.data.clear_target_max_cover,
+        kinds=EVAL_KINDS,
+    )
     if detected is not None:
         dataset.detected = load_fixed_protocol(detected, dataset, clear_max_cover=cfg.data.clear_target_max_cover)
     return dataset
@@ -244,8 +248,10 @@ def load_fixed_protocol(path: Path, dataset: CloudySamples, *, clear_max_cover: 
         raise BadInputError(f"{path}: checksum mismatch, the file is damaged; rerun `vcloud fixed-protocol`")
     levels, offsets = arrays["levels"], arrays["offsets"]
     if levels.dtype != np.uint8 or levels.ndim != 1 or offsets.shape != (expected["samples"] + 1,):
-        raise BadInputError(f"{path}: levels {levels.dtype} {levels.shape} / offsets {offsets.shape} do not fit "
-                            f"{expected['samples']} samples")  # fmt: skip
+        raise BadInputError(
+            f"{path}: levels {levels.dtype} {levels.shape} / offsets {offsets.shape} do not fit "
+            f"{expected['samples']} samples"
+        )
     if offsets[0] != 0 or offsets[-1] != levels.size or np.any(np.diff(offsets) < 0):
         raise BadInputError(f"{path}: offsets do not partition the {levels.size} levels")
     if len(dataset) > expected["samples"]:

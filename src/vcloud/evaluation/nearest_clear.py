@@ -21,15 +21,17 @@ CLOUDY_FROM = S2CLOUDLESS_KWARGS["threshold"]
 S2_BANDS, PROB_CHANNEL = OUTPUT_CHANNELS, CLOUD_CHANNEL
 
 
-def nearest_clear(x: torch.Tensor, target_index: torch.Tensor, days: torch.Tensor, *,
-                  clear_max_cover: float = 0.05) -> torch.Tensor:  # fmt: skip
+def nearest_clear(
+    x: torch.Tensor, target_index: torch.Tensor, days: torch.Tensor, *, clear_max_cover: float = 0.05
+) -> torch.Tensor:
     """x (B, T, C, H, W), target_index (B,), days (B, T) offsets from the target -> (B, 13, H, W)."""
     chosen = nearest_clear_index(x, target_index, days, clear_max_cover=clear_max_cover)
     return x[torch.arange(len(x)), chosen, :S2_BANDS]
 
 
-def nearest_clear_index(x: torch.Tensor, target_index: torch.Tensor, days: torch.Tensor, *,
-                        clear_max_cover: float = 0.05) -> torch.Tensor:  # fmt: skip
+def nearest_clear_index(
+    x: torch.Tensor, target_index: torch.Tensor, days: torch.Tensor, *, clear_max_cover: float = 0.05
+) -> torch.Tensor:
     """(B,) the date each sample copies."""
     prob = x[:, :, PROB_CHANNEL]  # (B, T, H, W)
     cover = (prob >= CLOUDY_FROM).float().mean(dim=(-2, -1))  # (B, T) cloudy fraction

@@ -51,8 +51,9 @@ def refined(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
 def redrafted(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
     """Stage 3: its own draft model (the CFDT fine-tuned on natural pairs and pseudo-labels)
     refined by the stage-2 refiner, as `refined` (the same sampler, seed and ensemble)."""
-    pipeline = build_draft_under_refiner(cfg, draft_ckpt=checkpoints[3], draft_stage=3, stage2_ckpt=checkpoints[2],
-                                         wind=wind)  # fmt: skip
+    pipeline = build_draft_under_refiner(
+        cfg, draft_ckpt=checkpoints[3], draft_stage=3, stage2_ckpt=checkpoints[2], wind=wind
+    )
     return _sampled(pipeline, cfg)
 
 

@@ -57,8 +57,14 @@ class ReferenceSamples(Dataset):
         location, truth, dates, slot = self.items[index]
         sample = self.reader.read(location, [*dates, truth])
         prob = np.nan_to_num(sample.cloud_prob, nan=1.0)
-        item = stack_sample(sample.s2[:-1], sample.s1[:-1], prob[:-1], self.reader.date_s2[location, dates], slot,
-                            s1_valid=sample.valid_s1[:-1])  # fmt: skip
+        item = stack_sample(
+            sample.s2[:-1],
+            sample.s1[:-1],
+            prob[:-1],
+            self.reader.date_s2[location, dates],
+            slot,
+            s1_valid=sample.valid_s1[:-1],
+        )
         item["target"] = torch.from_numpy(np.ascontiguousarray(sample.s2[-1]))
         item["wind"] = torch.from_numpy(self.reader.wind[location, dates[slot]])
         item["cloud_class"] = torch.tensor(int(self.reader.cloud_class[location, dates[slot]]))
@@ -80,6 +86,8 @@ def reference_truths(cover: np.ndarray, *, truths: int, clear_max_cover: float) 
 def reference_samples(store: Path, cfg: ModelSetConfig) -> ReferenceSamples:
     """Protocol reference on `store` as the config sets it (T, truths per location)."""
     return ReferenceSamples(
-        store, dates=cfg.data.input_dates, truths=cfg.evaluation.reference_truths,
+        store,
+        dates=cfg.data.input_dates,
+        truths=cfg.evaluation.reference_truths,
         clear_max_cover=cfg.data.clear_target_max_cover,
-    )  # fmt: skip
+    )

@@ -129,16 +129,35 @@ def difference_rows(report: dict) -> list[list[str]]:
             for cloud_class, by_metric in parts:
                 psnr = by_metric["psnr"]
                 cells = [_difference(by_metric.get(m), m) for m in METRICS]
-                rows.append([
-                    protocol, f"{comparison['method']} - {other}", cloud_class, str(psnr["samples"]),
-                    str(psnr.get("locations", "-")), cells[0], _value(psnr.get("se_location"), "psnr"), *cells[1:],
-                ])  # fmt: skip
+                rows.append(
+                    [
+                        protocol,
+                        f"{comparison['method']} - {other}",
+                        cloud_class,
+                        str(psnr["samples"]),
+                        str(psnr.get("locations", "-")),
+                        cells[0],
+                        _value(psnr.get("se_location"), "psnr"),
+                        *cells[1:],
+                    ]
+                )
     return rows
 
 
 MEAN_HEADER = ["protocol", "method", "samples", "PSNR", "SSIM", "SAM", "MAE", "RMSE"]
-DIFFERENCE_HEADER = ["protocol", "difference", "class", "samples", "locations", "PSNR ± SE", "PSNR SE by location",
-                     "SSIM ± SE", "SAM ± SE", "MAE ± SE", "RMSE ± SE"]  # fmt: skip
+DIFFERENCE_HEADER = [
+    "protocol",
+    "difference",
+    "class",
+    "samples",
+    "locations",
+    "PSNR ± SE",
+    "PSNR SE by location",
+    "SSIM ± SE",
+    "SAM ± SE",
+    "MAE ± SE",
+    "RMSE ± SE",
+]
 
 
 def markdown(header: list[str], rows: list[list[str]], *, left: int) -> str:
@@ -150,8 +169,10 @@ def table(report: dict) -> str:
     """The report as Markdown: each protocol's setup, the means (protocol x method) and the
     paired differences model - baseline (mean ± paired SE, per cloud class)."""
     setups = [f"- {describe(result)}" for result in report["protocols"].values()]
-    return "\n\n".join([
-        "\n".join(setups),
-        markdown(MEAN_HEADER, mean_rows(report), left=2),
-        markdown(DIFFERENCE_HEADER, difference_rows(report), left=3),
-    ])  # fmt: skip
+    return "\n\n".join(
+        [
+            "\n".join(setups),
+            markdown(MEAN_HEADER, mean_rows(report), left=2),
+            markdown(DIFFERENCE_HEADER, difference_rows(report), left=3),
+        ]
+    )

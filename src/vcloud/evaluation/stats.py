@@ -28,8 +28,15 @@ import numpy as np
 HIGHER_IS_BETTER = {"psnr": True, "ssim": True, "sam": False, "mae": False, "rmse": False}
 
 
-def paired_difference(a: Sequence[float], b: Sequence[float], *, groups: Sequence | None = None,
-                      resamples: int = 0, level: float = 0.95, seed: int = 0) -> dict:  # fmt: skip
+def paired_difference(
+    a: Sequence[float],
+    b: Sequence[float],
+    *,
+    groups: Sequence | None = None,
+    resamples: int = 0,
+    level: float = 0.95,
+    seed: int = 0,
+) -> dict:
     """Mean of a - b over the same samples with its paired standard error (None below 2 samples).
 
     groups: the location of each sample, for se_location and the bootstrap's resampling unit.
@@ -99,8 +106,9 @@ def compare(result: dict, method: str, other: str, *, resamples: int = 0, seed: 
     return out
 
 
-def paired_report(result: dict, *, method: str = "model", others: Sequence[str] | None = None,
-                  resamples: int = 0, seed: int = 0) -> dict:  # fmt: skip
+def paired_report(
+    result: dict, *, method: str = "model", others: Sequence[str] | None = None, resamples: int = 0, seed: int = 0
+) -> dict:
     """`method` against every other method of a scored protocol: {other: compare(...)}."""
     if others is None:
         others = [k for k, v in result.items() if isinstance(v, dict) and "per_sample" in v and k != method]

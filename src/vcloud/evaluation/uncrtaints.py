@@ -348,11 +348,12 @@ def _read_json(path: Path) -> list[PairEntry]:
         where = f"{path}: entries[{i}]"
         try:
             entry = PairEntry(
-                index=int(item["index"]), location=str(item["location"]),
+                index=int(item["index"]),
+                location=str(item["location"]),
                 coverage=tuple(_number(c, f"{where} date {t}") for t, c in enumerate(item["coverage"])),
                 s2_dates=tuple(str(d) for d in item["s2_dates"]),
                 s1_dates=None if item.get("s1_dates") is None else tuple(str(d) for d in item["s1_dates"]),
-            )  # fmt: skip
+            )
         except (KeyError, TypeError, ValueError) as err:
             raise BadInputError(f"{where}: malformed ({type(err).__name__}: {err})") from None
         parse_location(entry.location)
@@ -394,11 +395,16 @@ def convert_pairs(source: Path, out: Path) -> int:
         "source": source.name,
         "source_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
         "entries": [
-            {"index": e.index, "location": e.location, "coverage": list(e.coverage), "s2_dates": list(e.s2_dates),
-             "s1_dates": None if e.s1_dates is None else list(e.s1_dates)}
+            {
+                "index": e.index,
+                "location": e.location,
+                "coverage": list(e.coverage),
+                "s2_dates": list(e.s2_dates),
+                "s1_dates": None if e.s1_dates is None else list(e.s1_dates),
+            }
             for e in entries
         ],
-    }  # fmt: skip
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(doc, indent=1))
@@ -430,8 +436,16 @@ class UncrtaintsSamples(Dataset):
     target_in_inputs and coverage_match (the reference's flag).
     """
 
-    def __init__(self, store: Path, *, dates: int = 3, region: str = "all", min_cov: float = 0.0,
-                 max_cov: float = 1.0, pairs: Path | None = None):  # fmt: skip
+    def __init__(
+        self,
+        store: Path,
+        *,
+        dates: int = 3,
+        region: str = "all",
+        min_cov: float = 0.0,
+        max_cov: float = 1.0,
+        pairs: Path | None = None,
+    ):
         if dates < 1:
             raise BadInputError(f"uncrtaints: dates (T) must be >= 1, got {dates}")
         if not 0.0 <= min_cov <= max_cov <= 1.0:
@@ -504,8 +518,11 @@ class UncrtaintsSamples(Dataset):
     def describe(self) -> dict:
         """What the report records about this protocol's samples."""
         return {
-            "protocol": PROTOCOL, "dates": self.dates, "region": self.region,
-            "min_cov": self.min_cov, "max_cov": self.max_cov,
+            "protocol": PROTOCOL,
+            "dates": self.dates,
+            "region": self.region,
+            "min_cov": self.min_cov,
+            "max_cov": self.max_cov,
             "pairs": "computed" if self.pairs is None else str(self.pairs),
             "pairs_outside_store": self.pairs_unmatched,
             "samples": len(self.items),
@@ -514,7 +531,7 @@ class UncrtaintsSamples(Dataset):
             "skipped": [f"{name}: {why}" for name, why in self.skipped],
             # per sample, in sample order: [location id, target date index, input date indices, slot]
             "items": [[self.reader.locations[i.location], i.target, list(i.inputs), i.slot] for i in self.items],
-        }  # fmt: skip
+        }
 
     def __len__(self) -> int:
         return len(self.items)
@@ -524,8 +541,14 @@ class UncrtaintsSamples(Dataset):
         dates = list(it.inputs)
         sample = self.reader.read(it.location, [*dates, it.target])
         prob = np.nan_to_num(sample.cloud_prob, nan=1.0)
-        item = stack_sample(sample.s2[:-1], sample.s1[:-1], prob[:-1], self.reader.date_s2[it.location, dates], it.slot,
-                            s1_valid=sample.valid_s1[:-1])  # fmt: skip
+        item = stack_sample(
+            sample.s2[:-1],
+            sample.s1[:-1],
+            prob[:-1],
+            self.reader.date_s2[it.location, dates],
+            it.slot,
+            s1_valid=sample.valid_s1[:-1],
+        )
         item["target"] = torch.from_numpy(np.ascontiguousarray(sample.s2[-1]))
         item["wind"] = torch.from_numpy(self.reader.wind[it.location, dates[it.slot]])
         item["cloud_class"] = torch.tensor(int(self.reader.cloud_class[it.location, dates[it.slot]]))

@@ -231,29 +231,69 @@ def collect_costs(benchmarks: Path, resources: dict) -> list[RuleCost]:
         bill = res.get("billing") or {}
         if bill and (bill.get("unit") not in ("GPU-h", "core-h") or not isinstance(bill.get("per_hour"), (int, float))):
             raise BadInputError(f"--resources: {folder.name}: billing must be {{unit: GPU-h|core-h, per_hour: number}}")
-        costs.append(RuleCost(
-            rule=folder.name, stage=stage_of(folder.name), jobs=len(files),
-            wall_s=sum(t[0] for t in times), cpu_time_s=sum(t[1] for t in times),
-            threads=int(res["threads"]), gpus=int(res.get("gpus", 0)) * int(res.get("nodes", 1)),
-            assumed=found is None, billed_unit=bill.get("unit"), billed_per_h=bill.get("per_hour"),
-        ))  # fmt: skip
+        costs.append(
+            RuleCost(
+                rule=folder.name,
+                stage=stage_of(folder.name),
+                jobs=len(files),
+                wall_s=sum(t[0] for t in times),
+                cpu_time_s=sum(t[1] for t in times),
+                threads=int(res["threads"]),
+                gpus=int(res.get("gpus", 0)) * int(res.get("nodes", 1)),
+                assumed=found is None,
+                billed_unit=bill.get("unit"),
+                billed_per_h=bill.get("per_hour"),
+            )
+        )
     return costs
 
 
-COLUMNS = ["rule", "stage", "jobs", "threads", "gpus", "wall_s", "wall_h", "cpu_h", "cpu_time_h", "gpu_h",
-           "billed_core_h"]  # fmt: skip
+COLUMNS = [
+    "rule",
+    "stage",
+    "jobs",
+    "threads",
+    "gpus",
+    "wall_s",
+    "wall_h",
+    "cpu_h",
+    "cpu_time_h",
+    "gpu_h",
+    "billed_core_h",
+]
 
 
 def _row(c: RuleCost) -> list[str]:
-    return [c.rule, c.stage, str(c.jobs), str(c.threads), str(c.gpus), f"{c.wall_s:.2f}", f"{c.wall_h:.4f}",
-            f"{c.cpu_h:.4f}", f"{c.cpu_time_s / 3600:.4f}", f"{c.gpu_h:.4f}", f"{c.billed_core_h:.4f}"]  # fmt: skip
+    return [
+        c.rule,
+        c.stage,
+        str(c.jobs),
+        str(c.threads),
+        str(c.gpus),
+        f"{c.wall_s:.2f}",
+        f"{c.wall_h:.4f}",
+        f"{c.cpu_h:.4f}",
+        f"{c.cpu_time_s / 3600:.4f}",
+        f"{c.gpu_h:.4f}",
+        f"{c.billed_core_h:.4f}",
+    ]
 
 
 def _totals(name: str, stage: str, costs: list[RuleCost]) -> list[str]:
     wall = sum(c.wall_s for c in costs)
-    return [name, stage, str(sum(c.jobs for c in costs)), "", "", f"{wall:.2f}", f"{wall / 3600:.4f}",
-            f"{sum(c.cpu_h for c in costs):.4f}", f"{sum(c.cpu_time_s for c in costs) / 3600:.4f}",
-            f"{sum(c.gpu_h for c in costs):.4f}", f"{sum(c.billed_core_h for c in costs):.4f}"]  # fmt: skip
+    return [
+        name,
+        stage,
+        str(sum(c.jobs for c in costs)),
+        "",
+        "",
+        f"{wall:.2f}",
+        f"{wall / 3600:.4f}",
+        f"{sum(c.cpu_h for c in costs):.4f}",
+        f"{sum(c.cpu_time_s for c in costs) / 3600:.4f}",
+        f"{sum(c.gpu_h for c in costs):.4f}",
+        f"{sum(c.billed_core_h for c in costs):.4f}",
+    ]
 
 
 def accounting(benchmarks: Path, resources: dict, *, tsv: Path, page: Path) -> list[RuleCost]:
@@ -269,8 +309,9 @@ def accounting(benchmarks: Path, resources: dict, *, tsv: Path, page: Path) -> l
     assumed = [c.rule for c in costs if c.assumed]
     note = (
         f"<p>No resources entry for {html.escape(', '.join(assumed))}: counted with 1 thread and no GPU.</p>"
-        if assumed else ""
-    )  # fmt: skip
+        if assumed
+        else ""
+    )
     body = (
         "<p>Wall time of every job from benchmarks/&lt;rule&gt;/*.tsv (column s, summed over a rule's jobs). "
         "cpu_h = threads x wall hours; cpu_time_h = CPU time measured by snakemake. On a cluster, gpu_h and "
@@ -279,9 +320,12 @@ def accounting(benchmarks: Path, resources: dict, *, tsv: Path, page: Path) -> l
         "GPU-h per hour, standard-g 4 per node-hour, small max(cores, ceil(memory/2 GB)) core-h per hour); "
         "without a cluster section gpu_h = gpus x nodes x wall hours (0 on the default CPU configuration). "
         "Jobs that ran after this table (the accounting itself) are not in it.</p>"
-        + note + "<h2>per stage</h2>" + _table(COLUMNS, [*stage_rows, total], left=2)
-        + "<h2>per rule</h2>" + _table(COLUMNS, rows, left=2)
-    )  # fmt: skip
+        + note
+        + "<h2>per stage</h2>"
+        + _table(COLUMNS, [*stage_rows, total], left=2)
+        + "<h2>per rule</h2>"
+        + _table(COLUMNS, rows, left=2)
+    )
     with atomic_open(tsv, "w", newline="") as handle:
         csv.writer(handle, delimiter="\t", lineterminator="\n").writerows([COLUMNS, *rows, *stage_rows, total])
     atomic_write_text(page, _page("Accounting", body))

@@ -124,9 +124,16 @@ def _contact_sheet(rows: list[dict[str, np.ndarray]]) -> np.ndarray:
 
 @torch.no_grad()
 def export_viewer(
-    *, store: Path, checkpoints: dict[int, Path], config_path: Path, out: Path, samples: int, seed: int,
-    wind_cache: Path | None = None, fixed_protocol: Path | None = None,
-) -> dict:  # fmt: skip
+    *,
+    store: Path,
+    checkpoints: dict[int, Path],
+    config_path: Path,
+    out: Path,
+    samples: int,
+    seed: int,
+    wind_cache: Path | None = None,
+    fixed_protocol: Path | None = None,
+) -> dict:
     """Write out/index.html, out/images/*.png and out/thumbnails.png; return the page's data.
 
     `checkpoints` maps stage numbers to best.pt paths: those of needed_checkpoints();
@@ -165,18 +172,21 @@ def export_viewer(
             if len(sheet_rows) < THUMBNAIL_ROWS:
                 sheet_rows.append(layers)
             day = reader.date_s2[location].astype("datetime64[D]")
-            entries.append({
-                "index": index,
-                "location": reader.locations[location],
-                "date": str(day[target_t]),
-                "cloud_class": kind,
-                "context": [
-                    {"date": str(day[t]), "days": int((day[t] - day[target_t]).astype(np.int64))}
-                    for slot, t in enumerate(dates) if slot != target_index
-                ],
-                "images": names,
-                "metrics": metrics,
-            })  # fmt: skip
+            entries.append(
+                {
+                    "index": index,
+                    "location": reader.locations[location],
+                    "date": str(day[target_t]),
+                    "cloud_class": kind,
+                    "context": [
+                        {"date": str(day[t]), "days": int((day[t] - day[target_t]).astype(np.int64))}
+                        for slot, t in enumerate(dates)
+                        if slot != target_index
+                    ],
+                    "images": names,
+                    "metrics": metrics,
+                }
+            )
         data = {
             "version": VIEWER_VERSION,
             "title": f"vcloud viewer: {Path(store).name}",

@@ -190,8 +190,9 @@ def resume_key(config_hash: str, upstream_weights: dict[int, str] | None = None)
     against, known only at run time. A stage with no upstream keeps its config hash."""
     if not upstream_weights:
         return str(config_hash)
-    text = json.dumps({"config": config_hash, "upstream_weights": {str(n): d for n, d in upstream_weights.items()}},
-                      sort_keys=True)  # fmt: skip
+    text = json.dumps(
+        {"config": config_hash, "upstream_weights": {str(n): d for n, d in upstream_weights.items()}}, sort_keys=True
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -251,8 +252,14 @@ def resume_decision(
         why = "a fresh start was asked for" if fresh else "another identity"
         if may_write:
             kept = set_aside(latest, saved)
-            log.info("starting fresh (%s): %s of identity %s set aside as %s; this run is identity %s",
-                     why, latest, saved, kept.name, key)  # fmt: skip
+            log.info(
+                "starting fresh (%s): %s of identity %s set aside as %s; this run is identity %s",
+                why,
+                latest,
+                saved,
+                kept.name,
+                key,
+            )
         return "fresh"
     if state.get("finished", False):
         log.info("resuming: %s is finished; re-creating what is missing, training nothing", latest)
@@ -368,9 +375,17 @@ class Checkpointer:
         if not self.main:
             return
         loop = self.train_state.state_dict()
-        save_checkpoint(self.best, {**self.meta(), "config": self.config, "model": self.best_weights,
-                                    "epoch": loop["best_epoch"] + 1, "best_value": loop["best_value"],
-                                    "best_metric": self.best_metric})  # fmt: skip
+        save_checkpoint(
+            self.best,
+            {
+                **self.meta(),
+                "config": self.config,
+                "model": self.best_weights,
+                "epoch": loop["best_epoch"] + 1,
+                "best_value": loop["best_value"],
+                "best_metric": self.best_metric,
+            },
+        )
 
     def write_views(self, record: dict) -> None:
         """metrics.jsonl from the loop's rows and `record` in TensorBoard (rank 0)."""
@@ -399,8 +414,9 @@ class Checkpointer:
         """Resume from latest.pt when the resume rule says so (resume_decision); True when the
         stage already finished. A fresh start removes this folder's best.pt and metrics.jsonl (a
         fresh run's are its own). Either way the views are then made to agree (sync())."""
-        decision = resume_decision(self.latest, self.best, self.resume_key, stage=self.stage, fresh=self.fresh,
-                                   may_write=self.main)  # fmt: skip
+        decision = resume_decision(
+            self.latest, self.best, self.resume_key, stage=self.stage, fresh=self.fresh, may_write=self.main
+        )
         if decision == "fresh":
             if self.main:
                 self.metrics_path.unlink(missing_ok=True)
@@ -413,12 +429,18 @@ class Checkpointer:
         self.scheduler.load_state_dict(state["scheduler"])
         restore_rng_state(state["rng"])
         if state.get("metrics_rows") is None:  # a latest.pt of vcloud <= 0.1.0: rows from the file
-            state["metrics_rows"] = [r for r in records.read_metrics(self.metrics_path)
-                                     if r.get("epoch", float("inf")) < state["epoch"]]  # fmt: skip
+            state["metrics_rows"] = [
+                r for r in records.read_metrics(self.metrics_path) if r.get("epoch", float("inf")) < state["epoch"]
+            ]
         self._restore_best(state)
         self.train_state.load_state_dict(state)
-        log.info("stage %d: resuming from %s at epoch %d step %d", self.stage, self.latest, state["epoch"],
-                 state["step_in_epoch"])  # fmt: skip
+        log.info(
+            "stage %d: resuming from %s at epoch %d step %d",
+            self.stage,
+            self.latest,
+            state["epoch"],
+            state["step_in_epoch"],
+        )
         self.sync()
         return bool(state["finished"])
 
@@ -450,8 +472,13 @@ class Checkpointer:
             if self.best.exists():
                 self.best.unlink()
         elif not self._best_matches(loop):
-            log.info("stage %d: re-creating %s (best of epoch %d) from %s", self.stage, self.best,
-                     loop["best_epoch"], self.latest)  # fmt: skip
+            log.info(
+                "stage %d: re-creating %s (best of epoch %d) from %s",
+                self.stage,
+                self.best,
+                loop["best_epoch"],
+                self.latest,
+            )
             self.write_best()
         if records.read_metrics(self.metrics_path) != loop["metrics_rows"]:
             records.write_metrics(self.metrics_path, loop["metrics_rows"])

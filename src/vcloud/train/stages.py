@@ -71,7 +71,7 @@ from vcloud.pipeline import (  # noqa: F401 (re-exported: the builders' and thei
     observed_target,
     unwrap,
     wind_sectors,
-)  # fmt: skip
+)
 from vcloud.train.trainer import StageTask
 from vcloud.weights import load_frozen, load_stage_weights  # noqa: F401
 from vcloud.wind.scan_orders import WindCache
@@ -94,23 +94,46 @@ def detect_on(device: str, *, raw: bool = True) -> str:
 
 
 def _cloudy(
-    cfg: ModelSetConfig, store: Path, *, train: bool, stage_epochs: int, device: str = "cpu", raw: bool = True,
-    samples_per_epoch: int | None = None, clear_share: float = 0.0,
-) -> CloudySamples:  # fmt: skip
+    cfg: ModelSetConfig,
+    store: Path,
+    *,
+    train: bool,
+    stage_epochs: int,
+    device: str = "cpu",
+    raw: bool = True,
+    samples_per_epoch: int | None = None,
+    clear_share: float = 0.0,
+) -> CloudySamples:
     d = cfg.data
     detect = detect_on(device, raw=raw)
     if train:
         cur = cfg.stage1.curriculum
         return CloudySamples(
-            store, dates=d.input_dates, length=samples_per_epoch or d.samples_per_epoch, seed=cfg.stage1.train.seed,
-            crop=d.crop, clear_max_cover=d.clear_target_max_cover, epochs=stage_epochs,
-            mixed_from=cur.mixed_from, all_from=cur.all_from, raw=raw, detect=detect, clear_share=clear_share,
+            store,
+            dates=d.input_dates,
+            length=samples_per_epoch or d.samples_per_epoch,
+            seed=cfg.stage1.train.seed,
+            crop=d.crop,
+            clear_max_cover=d.clear_target_max_cover,
+            epochs=stage_epochs,
+            mixed_from=cur.mixed_from,
+            all_from=cur.all_from,
+            raw=raw,
+            detect=detect,
+            clear_share=clear_share,
             s1_dropout=d.s1_dropout,
-        )  # fmt: skip
+        )
     return CloudySamples(
-        store, dates=d.input_dates, length=d.val_samples, seed=VAL_SEED, crop=None,
-        clear_max_cover=d.clear_target_max_cover, kinds=EVAL_KINDS, raw=raw, detect=detect,
-    )  # fmt: skip
+        store,
+        dates=d.input_dates,
+        length=d.val_samples,
+        seed=VAL_SEED,
+        crop=None,
+        clear_max_cover=d.clear_target_max_cover,
+        kinds=EVAL_KINDS,
+        raw=raw,
+        detect=detect,
+    )
 
 
 def natural_val(cfg: ModelSetConfig, store: Path) -> dict[str, Dataset]:
@@ -161,22 +184,36 @@ def stage0(cfg: ModelSetConfig, *, train: Path, val: Path) -> StageTask:
     def validate(m, batch):
         return compute_all(m(batch["target"]).float().clamp(0, 1), batch["target"].float())
 
-    return _on_device(StageTask(
-        stage=0,
-        model=model,
-        train_set=ClearImages(train, length=cfg.stage0.train.samples_per_epoch or d.samples_per_epoch,
-                              seed=cfg.stage0.train.seed, crop=d.crop,
-                              clear_max_cover=d.clear_target_max_cover, raw=True),
-        val_set=ClearImages(val, length=d.val_samples, seed=VAL_SEED, clear_max_cover=d.clear_target_max_cover, raw=True),
-        loss=loss,
-        validate=validate,
-    ))  # fmt: skip
+    return _on_device(
+        StageTask(
+            stage=0,
+            model=model,
+            train_set=ClearImages(
+                train,
+                length=cfg.stage0.train.samples_per_epoch or d.samples_per_epoch,
+                seed=cfg.stage0.train.seed,
+                crop=d.crop,
+                clear_max_cover=d.clear_target_max_cover,
+                raw=True,
+            ),
+            val_set=ClearImages(
+                val, length=d.val_samples, seed=VAL_SEED, clear_max_cover=d.clear_target_max_cover, raw=True
+            ),
+            loss=loss,
+            validate=validate,
+        )
+    )
 
 
 def stage1(
-    cfg: ModelSetConfig, *, train: Path, val: Path, wind: WindCache | None = None, device: str = "cpu",
+    cfg: ModelSetConfig,
+    *,
+    train: Path,
+    val: Path,
+    wind: WindCache | None = None,
+    device: str = "cpu",
     stage0_ckpt: Path | None = None,
-) -> StageTask:  # fmt: skip
+) -> StageTask:
     """stage0_ckpt (given when stage1.init_from_stage0): the autoencoder whose first level starts
     the per-date encoder's."""
     t = cfg.stage1.train
@@ -198,11 +235,18 @@ def stage1(
     def on_epoch_start(epoch):
         return {"curriculum": "+".join(train_set.kinds_at(epoch))}
 
-    return _on_device(StageTask(
-        stage=1, model=model, train_set=train_set,
-        val_set=_cloudy(cfg, val, train=False, stage_epochs=1, device=device), extra_val=natural_val(cfg, val),
-        loss=loss, validate=validate, on_epoch_start=on_epoch_start,
-    ))  # fmt: skip
+    return _on_device(
+        StageTask(
+            stage=1,
+            model=model,
+            train_set=train_set,
+            val_set=_cloudy(cfg, val, train=False, stage_epochs=1, device=device),
+            extra_val=natural_val(cfg, val),
+            loss=loss,
+            validate=validate,
+            on_epoch_start=on_epoch_start,
+        )
+    )
 
 
 def refiner_objective(steps: int):
@@ -254,32 +298,62 @@ def fit_refiner_statistics(
 
 
 def stage2(
-    cfg: ModelSetConfig, *, train: Path, val: Path, stage1_ckpt: Path, wind: WindCache | None = None,
+    cfg: ModelSetConfig,
+    *,
+    train: Path,
+    val: Path,
+    stage1_ckpt: Path,
+    wind: WindCache | None = None,
     device: str = "cpu",
-) -> StageTask:  # fmt: skip
+) -> StageTask:
     pipeline = build_pipeline(cfg, stage1_ckpt=stage1_ckpt, wind=wind)
     d = cfg.data
     scale_samples = CloudySamples(
-        train, dates=d.input_dates, length=RESIDUAL_SCALE_SAMPLES, seed=cfg.stage2.train.seed, crop=d.crop,
-        clear_max_cover=d.clear_target_max_cover, kinds=EVAL_KINDS, raw=True, detect=detect_on(device),
-    )  # fmt: skip
+        train,
+        dates=d.input_dates,
+        length=RESIDUAL_SCALE_SAMPLES,
+        seed=cfg.stage2.train.seed,
+        crop=d.crop,
+        clear_max_cover=d.clear_target_max_cover,
+        kinds=EVAL_KINDS,
+        raw=True,
+        detect=detect_on(device),
+    )
     scale, spectrum = fit_refiner_statistics(pipeline, scale_samples, device=device)
     pipeline.to("cpu")  # the trainer moves it where it trains
-    log.info("stage 2: residual std per band %s; cloud spectrum %s",
-             [round(float(v), 4) for v in scale], [round(float(v), 3) for v in spectrum])  # fmt: skip
+    log.info(
+        "stage 2: residual std per band %s; cloud spectrum %s",
+        [round(float(v), 4) for v in scale],
+        [round(float(v), 3) for v in spectrum],
+    )
     loss, validate = refiner_objective(cfg.stage2.model.sample_steps)
     # The untrained refiner is exactly "no correction" (zero output head): validating it first
     # makes the draft the score to beat, and its weights the best.pt when no epoch beats it.
     assert not pipeline.refiner.head[-1].weight.any(), "the refiner must start as no correction"
-    return _on_device(StageTask(
-        stage=2, model=pipeline,
-        train_set=_cloudy(cfg, train, train=True, stage_epochs=cfg.stage2.train.epochs, device=device,
-                          samples_per_epoch=cfg.stage2.train.samples_per_epoch, clear_share=cfg.stage2.clear_share),
-        val_set=_cloudy(cfg, val, train=False, stage_epochs=1, device=device), loss=loss, validate=validate,
-        extra_val=natural_val(cfg, val), validate_initial=True,
-        summary={"residual_scale": [round(float(v), 5) for v in scale],
-                 "cloud_spectrum": [round(float(v), 4) for v in spectrum]},
-    ))  # fmt: skip
+    return _on_device(
+        StageTask(
+            stage=2,
+            model=pipeline,
+            train_set=_cloudy(
+                cfg,
+                train,
+                train=True,
+                stage_epochs=cfg.stage2.train.epochs,
+                device=device,
+                samples_per_epoch=cfg.stage2.train.samples_per_epoch,
+                clear_share=cfg.stage2.clear_share,
+            ),
+            val_set=_cloudy(cfg, val, train=False, stage_epochs=1, device=device),
+            loss=loss,
+            validate=validate,
+            extra_val=natural_val(cfg, val),
+            validate_initial=True,
+            summary={
+                "residual_scale": [round(float(v), 5) for v in scale],
+                "cloud_spectrum": [round(float(v), 4) for v in spectrum],
+            },
+        )
+    )
 
 
 class PseudoLabelled(Dataset):
@@ -295,8 +369,17 @@ class PseudoLabelled(Dataset):
         epoch, i = divmod(int(index), len(self.kept))
         base_index, label = self.kept[i]
         item = self.base[base_index]
-        keep = ("x", "days", "target_index", "target_s1", "target_prob", "wind", "location", "s1_valid",
-                "target_s1_valid")  # fmt: skip
+        keep = (
+            "x",
+            "days",
+            "target_index",
+            "target_s1",
+            "target_prob",
+            "wind",
+            "location",
+            "s1_valid",
+            "target_s1_valid",
+        )
         item = {**{k: item[k] for k in keep if k in item}, "target": label, "cloud_class": torch.tensor(-1)}
         return crop_item(item, np.random.default_rng((self.seed, epoch, i, 1)), self.crop)
 
@@ -337,8 +420,9 @@ class NaturalClouds(Dataset):
         s2[slot] = veil * sample.s2[-1] + (1 - veil) * truth
         prob = prob[:-1].copy()
         prob[slot] = veil[0]
-        item = stack_sample(s2, sample.s1[:-1], prob, self.reader.date_s2[location, dates], slot,
-                            s1_valid=sample.valid_s1[:-1])  # fmt: skip
+        item = stack_sample(
+            s2, sample.s1[:-1], prob, self.reader.date_s2[location, dates], slot, s1_valid=sample.valid_s1[:-1]
+        )
         item["target"] = torch.from_numpy(np.ascontiguousarray(truth))
         item["wind"] = torch.from_numpy(self.reader.wind[location, target_t])
         item["cloud_class"] = torch.tensor(-1)
@@ -359,9 +443,11 @@ class NaturalPairs(Dataset):
 
     def __init__(self, store: Path, cfg: ModelSetConfig, *, length: int | None, seed: int):
         self.pairs = ReferenceSamples(
-            store, dates=cfg.data.input_dates, truths=StoreReader(store).shape[1],  # every clear date
+            store,
+            dates=cfg.data.input_dates,
+            truths=StoreReader(store).shape[1],  # every clear date
             clear_max_cover=cfg.data.clear_target_max_cover,
-        )  # fmt: skip
+        )
         self.length = len(self.pairs) if length is None else (length if len(self.pairs) else 0)
         self.crop, self.seed = cfg.data.crop, seed
 
@@ -474,28 +560,46 @@ def check_on_labelled(pipeline: RefinerPipeline, samples: Dataset, cfg: ModelSet
         n = len(values["label"])
         label_psnr = float(np.mean(values["label"])) if n else None
         draft_psnr = float(np.mean(values["draft"])) if n else None
-        report[name] = {"samples": n, "label_psnr": label_psnr, "draft_psnr": draft_psnr,
-                        "gain_db": label_psnr - draft_psnr if n else None}  # fmt: skip
+        report[name] = {
+            "samples": n,
+            "label_psnr": label_psnr,
+            "draft_psnr": draft_psnr,
+            "gain_db": label_psnr - draft_psnr if n else None,
+        }
     return report
 
 
 def stage3(
-    cfg: ModelSetConfig, *, train: Path, val: Path, stage1_ckpt: Path, stage2_ckpt: Path,
-    device: str, wind: WindCache | None = None,
-) -> StageTask:  # fmt: skip
+    cfg: ModelSetConfig,
+    *,
+    train: Path,
+    val: Path,
+    stage1_ckpt: Path,
+    stage2_ckpt: Path,
+    device: str,
+    wind: WindCache | None = None,
+) -> StageTask:
     teacher = build_pipeline(cfg, stage1_ckpt=stage1_ckpt, wind=wind)
     teacher.load_state_dict(load_stage_weights(stage2_ckpt, stage=2))
     st = cfg.stage3.self_training
     unlabelled = UnlabelledSamples(
-        train, dates=cfg.data.input_dates, seed=cfg.stage3.train.seed, clear_max_cover=cfg.data.clear_target_max_cover,
+        train,
+        dates=cfg.data.input_dates,
+        seed=cfg.stage3.train.seed,
+        clear_max_cover=cfg.data.clear_target_max_cover,
         limit=st.max_pseudo_labels,
-    )  # fmt: skip
+    )
     # The teacher (stage 1 + the stage-2 refiner) labels before the student takes a step.
     kept, scored = pseudo_label(teacher, unlabelled, cfg, device) if len(unlabelled) else ([], [])
     # The same rule on validation samples, whose truth is known: what the kept labels are worth.
     check = check_on_labelled(teacher, _cloudy(cfg, val, train=False, stage_epochs=1, device=device), cfg, device)
-    log.info("stage 3: kept %d of %d pseudo-labels (rejected %d); on validation samples the rule gives %s",
-             len(kept), len(scored), len(scored) - len(kept), check)  # fmt: skip
+    log.info(
+        "stage 3: kept %d of %d pseudo-labels (rejected %d); on validation samples the rule gives %s",
+        len(kept),
+        len(scored),
+        len(scored) - len(kept),
+        check,
+    )
     del teacher
     # The student: the stage-1 draft model, trainable, under the frozen stage-2 refiner (what
     # ships: its draft refined by stage 2). Its loss is stage 1's L1, on the refined output
@@ -505,8 +609,16 @@ def stage3(
     # Normalised on the CPU: its batches mix with the pseudo-labelled and natural ones, which are.
     t = cfg.stage3.train
     # with stage 2's share of clear targets: the student keeps a date that is seen as it is
-    labelled = _cloudy(cfg, train, train=True, stage_epochs=t.epochs, device=device, raw=False,
-                       samples_per_epoch=t.samples_per_epoch, clear_share=cfg.stage2.clear_share)  # fmt: skip
+    labelled = _cloudy(
+        cfg,
+        train,
+        train=True,
+        stage_epochs=t.epochs,
+        device=device,
+        raw=False,
+        samples_per_epoch=t.samples_per_epoch,
+        clear_share=cfg.stage2.clear_share,
+    )
     pseudo = PseudoLabelled(unlabelled, kept, crop=cfg.data.crop, seed=cfg.stage3.train.seed)
     natural = (
         NaturalClouds(train, cfg, length=st.natural_clouds, seed=cfg.stage3.train.seed) if st.natural_clouds else None
@@ -524,21 +636,38 @@ def stage3(
         return (error * weight).sum() / weight.sum().clamp_min(1.0)
 
     _, validate = refiner_objective(cfg.stage2.model.sample_steps)  # the refined output, as stage 2's
-    return _on_device(StageTask(
-        stage=3, model=student, train_set=train_set,
-        val_set=_cloudy(cfg, val, train=False, stage_epochs=1, device=device), extra_val=natural_val(cfg, val),
-        loss=loss, validate=validate,
-        validate_initial=True,  # the start (stage 1's draft under the refiner) is stage 2: never ships worse
-        summary={"natural_pairs": len(pairs) if pairs is not None else 0,
-                 "natural_clouds": len(natural) if natural is not None else 0,
-                 "pseudo_labels_scored": len(scored), "pseudo_labels_kept": len(kept),
-                 "pseudo_labels_rejected": len(scored) - len(kept), "pseudo_label_check": check},
-        artifacts={"pseudo_labels": {
-            "scored": len(scored), "kept": len(kept), "rejected": len(scored) - len(kept),
-            "rule": SELF_TRAINING_RULE,
-            "thresholds": {"sampler_seeds": st.sampler_seeds, "max_seed_spread": st.max_seed_spread,
-                           "max_visible_error": st.max_visible_error},
-            "validation_check": check,
-            "samples": scored,
-        }},
-    ))  # fmt: skip
+    return _on_device(
+        StageTask(
+            stage=3,
+            model=student,
+            train_set=train_set,
+            val_set=_cloudy(cfg, val, train=False, stage_epochs=1, device=device),
+            extra_val=natural_val(cfg, val),
+            loss=loss,
+            validate=validate,
+            validate_initial=True,  # the start (stage 1's draft under the refiner) is stage 2: never ships worse
+            summary={
+                "natural_pairs": len(pairs) if pairs is not None else 0,
+                "natural_clouds": len(natural) if natural is not None else 0,
+                "pseudo_labels_scored": len(scored),
+                "pseudo_labels_kept": len(kept),
+                "pseudo_labels_rejected": len(scored) - len(kept),
+                "pseudo_label_check": check,
+            },
+            artifacts={
+                "pseudo_labels": {
+                    "scored": len(scored),
+                    "kept": len(kept),
+                    "rejected": len(scored) - len(kept),
+                    "rule": SELF_TRAINING_RULE,
+                    "thresholds": {
+                        "sampler_seeds": st.sampler_seeds,
+                        "max_seed_spread": st.max_seed_spread,
+                        "max_visible_error": st.max_visible_error,
+                    },
+                    "validation_check": check,
+                    "samples": scored,
+                }
+            },
+        )
+    )

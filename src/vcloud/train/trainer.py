@@ -185,11 +185,21 @@ class Trainer:
         self.partial: dict | None = None  # running sums of an epoch interrupted by a stop
         # Save, load and the resume decision: latest.pt, best.pt and their views.
         self.checkpointer = ckpt.Checkpointer(
-            stage=task.stage, out_dir=self.out_dir, resume_dir=resume_dir, model=self.model,
-            optimizer=self.optimizer, scheduler=self.scheduler, train_state=self, config=config,
-            config_hash=config_hash, resume_key=resume_key, fresh=fresh, main=self.main,
-            tensorboard=train_cfg.tensorboard, best_metric=task.best_metric,
-        )  # fmt: skip
+            stage=task.stage,
+            out_dir=self.out_dir,
+            resume_dir=resume_dir,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            train_state=self,
+            config=config,
+            config_hash=config_hash,
+            resume_key=resume_key,
+            fresh=fresh,
+            main=self.main,
+            tensorboard=train_cfg.tensorboard,
+            best_metric=task.best_metric,
+        )
         # Built once: with persistent workers they (and their open stores) live across epochs.
         self.train_loader = self._loader(task.train_set, self.sampler)
         self.val_loader = None  # the first of val_loaders, None when there is none
@@ -292,8 +302,11 @@ class Trainer:
         self.partial = None
         self.checkpointer.commit_epoch(record, finished=self.epoch >= self.cfg.epochs, improved=improved)
         if self.main:
-            shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in record.items()
-                     if k not in ("wall_time", "val_per_sample")}  # fmt: skip
+            shown = {
+                k: (round(v, 4) if isinstance(v, float) else v)
+                for k, v in record.items()
+                if k not in ("wall_time", "val_per_sample")
+            }
             log.info("stage %d epoch %d: %s", self.task.stage, record["epoch"], shown)
 
     def _selection_value(self, record: dict) -> float:
@@ -311,8 +324,13 @@ class Trainer:
         record["guard"] = verdict
         refused = [name for name, v in verdict.items() if not v["ok"]]
         if refused:
-            log.info("stage %d epoch %d: not a candidate, loses to its start on %s (%s)", self.task.stage,
-                     record["epoch"], ", ".join(refused), verdict)  # fmt: skip
+            log.info(
+                "stage %d epoch %d: not a candidate, loses to its start on %s (%s)",
+                self.task.stage,
+                record["epoch"],
+                ", ".join(refused),
+                verdict,
+            )
         return not refused
 
     def _loader(self, dataset: Dataset, sampler) -> DataLoader:
@@ -455,8 +473,10 @@ class Trainer:
             counts = dist_utils.all_reduce_sum(counts, self.device)
             per_sample[name] = [round(float(v), 5) for v in (sums / counts.clamp(min=1)).tolist()]
         if len(per_sample) > 1:
-            means = [record[f"val_{self.task.best_metric}" if n == FIXED else f"val_{n}_{self.task.best_metric}"]
-                     for n in per_sample]  # fmt: skip
+            means = [
+                record[f"val_{self.task.best_metric}" if n == FIXED else f"val_{n}_{self.task.best_metric}"]
+                for n in per_sample
+            ]
             record["val_score"] = float(sum(means) / len(means))
             record["val_per_sample"] = per_sample
         return record

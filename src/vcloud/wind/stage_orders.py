@@ -22,6 +22,10 @@ def load_wind_orders(cfg, *, store: Path, wind_cache: Path | None, world_size: i
     _, _, height, width = StoreReader(store).shape
     scale = 2 ** (len(model.widths) - 1)  # the CFDT's coarsest level
     return get_scan_orders(
-        wind_cache or Path("<no --wind-cache>"), grid_h=height // scale, grid_w=width // scale,
-        sectors=model.wind_sectors, world_size=world_size, allow_recompute=model.wind_allow_recompute,
-    )  # fmt: skip
+        wind_cache or Path("<no --wind-cache>"),
+        grid_h=height // scale,
+        grid_w=width // scale,
+        sectors=model.wind_sectors,
+        world_size=world_size,
+        allow_recompute=model.wind_allow_recompute,
+    )
