@@ -41,9 +41,28 @@ def config(tmp_path_factory):
 def _stage2(point, n, *, config, store, out, stage1, extra=()):
     """`vcloud train --stage 2` in a child that SIGKILLs itself at `point` (tests/kill/child.py)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]))
-    command = [sys.executable, "-m", "tests.kill.child", point, str(n), "0", "--", "--stage", "2",
-               "--config", str(config), "--train", str(store), "--val", str(store), "--out", str(out),
-               "--stage1", str(stage1), *extra]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "tests.kill.child",
+        point,
+        str(n),
+        "0",
+        "--",
+        "--stage",
+        "2",
+        "--config",
+        str(config),
+        "--train",
+        str(store),
+        "--val",
+        str(store),
+        "--out",
+        str(out),
+        "--stage1",
+        str(stage1),
+        *extra,
+    ]
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
 
 

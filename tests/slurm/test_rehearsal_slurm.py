@@ -52,10 +52,21 @@ def test_rehearsal_runs_every_rule_resumes_after_the_forced_warning_and_passes(s
     pace = shutil.copytree(REPO / "tests/slurm/pace", tmp_path / "pace")  # under the bind
     env.update(PYTHONPATH=str(pace), VCLOUD_TEST_PACE_STEP_S="1", VCLOUD_TEST_PACE_ONLY="stage1")
     command = [
-        sys.executable, "-m", "snakemake", "--profile", "lumi", "-d", str(tmp_path),
-        "--configfile", "config/lumi.yaml", "config/lumi-rehearsal.yaml", str(overlay),
-        "--apptainer-args", cluster.apptainer_args(), *FAST,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--profile",
+        "lumi",
+        "-d",
+        str(tmp_path),
+        "--configfile",
+        "config/lumi.yaml",
+        "config/lumi-rehearsal.yaml",
+        str(overlay),
+        "--apptainer-args",
+        cluster.apptainer_args(),
+        *FAST,
+    ]
     proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=2400)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]

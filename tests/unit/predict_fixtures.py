@@ -47,9 +47,23 @@ def tiny_checkpoints(folder: Path, *, wind: bool = False) -> dict:
 def predict_args(store: Path, out: Path, ckpt: dict, *extra: str) -> list[str]:
     """`vcloud predict` arguments for stage 2 with the tiny checkpoints."""
     return [
-        "predict", "--stage", "2", "--store", str(store), "--out", str(out), "--stage1", str(ckpt[1]),
-        "--stage2", str(ckpt[2]), "--config", str(ckpt["config"]), "--device", "cpu", *extra,
-    ]  # fmt: skip
+        "predict",
+        "--stage",
+        "2",
+        "--store",
+        str(store),
+        "--out",
+        str(out),
+        "--stage1",
+        str(ckpt[1]),
+        "--stage2",
+        str(ckpt[2]),
+        "--config",
+        str(ckpt["config"]),
+        "--device",
+        "cpu",
+        *extra,
+    ]
 
 
 def fails_in_one_line(capsys, args, out, *expected) -> None:

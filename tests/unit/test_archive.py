@@ -79,8 +79,14 @@ def test_default_synthetic_rois_are_dataset_rois_with_every_split():
 def test_synth_archives_have_the_real_names_and_inner_layout(raw_pair):
     archives, tree = raw_pair
     names = sorted(p.name for p in archives.iterdir())
-    assert names == ["s1_asiaEast_test.tar.gz", "s1_europa.tar.gz", "s2_asiaEast_test.tar.gz",
-                     "s2_europa.tar.gz", "truth.csv", "wind.csv"]  # fmt: skip
+    assert names == [
+        "s1_asiaEast_test.tar.gz",
+        "s1_europa.tar.gz",
+        "s2_asiaEast_test.tar.gz",
+        "s2_europa.tar.gz",
+        "truth.csv",
+        "wind.csv",
+    ]
     with tarfile.open(archives / "s2_europa.tar.gz") as tar:
         members = [m.name for m in tar.getmembers() if m.isfile()]
         one = members[0]
@@ -125,12 +131,44 @@ def test_two_roots_train_and_val_test_like_the_reference(raw_pair, tmp_path):
         shutil.copy(archives / name, train / name)
     for name in ("s1_asiaEast_test.tar.gz", "s2_asiaEast_test.tar.gz"):
         shutil.copy(archives / name, val_test / name)
-    code = main(["prepare", "--raw", str(train), "--raw", str(val_test), "--roi", "ROIs1868/119",
-                 "--out", str(tmp_path / "t.zarr"), "--times", "3", "--size", "16", "--threads", "2"])  # fmt: skip
+    code = main(
+        [
+            "prepare",
+            "--raw",
+            str(train),
+            "--raw",
+            str(val_test),
+            "--roi",
+            "ROIs1868/119",
+            "--out",
+            str(tmp_path / "t.zarr"),
+            "--times",
+            "3",
+            "--size",
+            "16",
+            "--threads",
+            "2",
+        ]
+    )
     assert code == 0 and (tmp_path / "t.zarr").is_dir()
     # One archive per --raw works too (each kind from its own archive).
-    code = main(["prepare", "--raw", str(train / "s1_europa.tar.gz"), "--raw", str(train / "s2_europa.tar.gz"),
-                 "--roi", str(ROI), "--out", str(tmp_path / "e.zarr"), "--times", "3", "--size", "16"])  # fmt: skip
+    code = main(
+        [
+            "prepare",
+            "--raw",
+            str(train / "s1_europa.tar.gz"),
+            "--raw",
+            str(train / "s2_europa.tar.gz"),
+            "--roi",
+            str(ROI),
+            "--out",
+            str(tmp_path / "e.zarr"),
+            "--times",
+            "3",
+            "--size",
+            "16",
+        ]
+    )
     assert code == 0
 
 
@@ -150,8 +188,21 @@ def _rewrite(archive: Path, edit) -> None:
 
 
 def _cli(raw, out, policy="fail", index_dir=None):
-    args = ["prepare", "--raw", str(raw), "--roi", str(ROI), "--out", str(out), "--on-bad-image", policy,
-            "--times", "3", "--size", "16"]  # fmt: skip
+    args = [
+        "prepare",
+        "--raw",
+        str(raw),
+        "--roi",
+        str(ROI),
+        "--out",
+        str(out),
+        "--on-bad-image",
+        policy,
+        "--times",
+        "3",
+        "--size",
+        "16",
+    ]
     return main(args + (["--index-dir", str(index_dir)] if index_dir else []))
 
 

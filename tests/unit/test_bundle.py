@@ -30,18 +30,43 @@ def _report(path, stage):
     """The part of a `vcloud evaluate` report the card reads (figures made up, a definition matters)."""
     means = {"psnr": 31.25, "ssim": 0.875}
     protocol = {"protocol": "fixed", "dates": 2, "region": "all", "seed": 0}
-    report = {"stage": stage, "store": "results/prepared/test.zarr", "config": "models.yaml", "protocols": {
-        "fixed": {"protocol": protocol, "samples": 3, "model": {"mean": means, "by_class": {}},
-                  "least_cloudy_date": {"mean": {"psnr": 20.5, "ssim": 0.5}}, "paired": {}}}}  # fmt: skip
+    report = {
+        "stage": stage,
+        "store": "results/prepared/test.zarr",
+        "config": "models.yaml",
+        "protocols": {
+            "fixed": {
+                "protocol": protocol,
+                "samples": 3,
+                "model": {"mean": means, "by_class": {}},
+                "least_cloudy_date": {"mean": {"psnr": 20.5, "ssim": 0.5}},
+                "paired": {},
+            }
+        },
+    }
     path.write_text(json.dumps(report))
     return path
 
 
 def _bundle_args(ckpt, store, out, *extra):
     return [
-        "bundle", "--stage", "2", "--stage1", str(ckpt[1]), "--stage2", str(ckpt[2]), "--config",
-        str(ckpt["config"]), "--wind-cache", str(ckpt["wind"]), "--train-store", str(store), "--out", str(out), *extra,
-    ]  # fmt: skip
+        "bundle",
+        "--stage",
+        "2",
+        "--stage1",
+        str(ckpt[1]),
+        "--stage2",
+        str(ckpt[2]),
+        "--config",
+        str(ckpt["config"]),
+        "--wind-cache",
+        str(ckpt["wind"]),
+        "--train-store",
+        str(store),
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -155,8 +180,10 @@ def _repack(bundle, out, *, card=None, format_version=None):
         members["model-card.json"] = json.dumps(card(json.loads(members["model-card.json"]))).encode()
         import hashlib
 
-        manifest["members"]["model-card.json"] = {"bytes": len(members["model-card.json"]),
-                                                  "sha256": hashlib.sha256(members["model-card.json"]).hexdigest()}  # fmt: skip
+        manifest["members"]["model-card.json"] = {
+            "bytes": len(members["model-card.json"]),
+            "sha256": hashlib.sha256(members["model-card.json"]).hexdigest(),
+        }
     if format_version is not None:
         manifest["format_version"] = format_version
     with tarfile.open(out, "w") as tar:
@@ -176,10 +203,20 @@ def test_bundle_that_does_not_fit_the_store_is_refused(ckpt, bundle, tiny_store,
     small = tmp_path / "small.zarr"
     prepare_roi(raw=raw, roi=TINY_ROIS[0], out=small, times=TINY["times"], size=16)
     out = tmp_path / "out"
-    _fails(capsys, _predict(bundle, small, out), out, f"{bundle}: does not fit {small}: 16x16 pixel images, "
-           "the model takes 32x32")  # fmt: skip
-    swapped = _repack(bundle, tmp_path / "swapped.tar", card=lambda c: {
-        **c, "inputs": {**c["inputs"], "s2": {**c["inputs"]["s2"], "bands": c["inputs"]["s2"]["bands"][::-1]}}})  # fmt: skip
+    _fails(
+        capsys,
+        _predict(bundle, small, out),
+        out,
+        f"{bundle}: does not fit {small}: 16x16 pixel images, the model takes 32x32",
+    )
+    swapped = _repack(
+        bundle,
+        tmp_path / "swapped.tar",
+        card=lambda c: {
+            **c,
+            "inputs": {**c["inputs"], "s2": {**c["inputs"]["s2"], "bands": c["inputs"]["s2"]["bands"][::-1]}},
+        },
+    )
     _fails(capsys, _predict(swapped, tiny_store, out), out, f"{swapped}: does not fit {tiny_store}: S2 bands B1,")
     args = ["evaluate", "--bundle", str(swapped), "--store", str(tiny_store), "--out", str(out / "e.json")]
     _fails(capsys, args, out, "vcloud evaluate: error:", "S2 bands")

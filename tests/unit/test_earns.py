@@ -194,9 +194,12 @@ def test_clear_share_teaches_the_refiner_clear_targets_as_observed(tiny_store):
 def _report(stage: int, psnr: dict[str, list[float]], seen_mae: float = 0.01) -> dict:
     protocols = {}
     for name, values in psnr.items():
-        protocols[name] = {"samples": len(values), "location": [i // 2 for i in range(len(values))],
-                           "protocol": {"protocol": name},
-                           "model": {"per_sample": {"psnr": values}, "seen_mae": seen_mae}}  # fmt: skip
+        protocols[name] = {
+            "samples": len(values),
+            "location": [i // 2 for i in range(len(values))],
+            "protocol": {"protocol": name},
+            "model": {"per_sample": {"psnr": values}, "seen_mae": seen_mae},
+        }
     return {"stage": stage, "protocols": protocols}
 
 
@@ -207,9 +210,11 @@ def test_compare_stages_pairs_each_stage_with_the_one_before(tmp_path):
     from vcloud.evaluation.compare import compare_stages, markdown
 
     reports = []
-    table = {1: {"fixed": [30, 31, 32, 33], "reference": [35, 36], "uncrtaints": [40, 41]},
-             2: {"fixed": [31, 32, 33, 34.5], "reference": [35.5, 36.1], "uncrtaints": [39, 41]},
-             3: {"fixed": [31, 32, 33, 34.5], "reference": [36, 36.6], "uncrtaints": [40, 42]}}  # fmt: skip
+    table = {
+        1: {"fixed": [30, 31, 32, 33], "reference": [35, 36], "uncrtaints": [40, 41]},
+        2: {"fixed": [31, 32, 33, 34.5], "reference": [35.5, 36.1], "uncrtaints": [39, 41]},
+        3: {"fixed": [31, 32, 33, 34.5], "reference": [36, 36.6], "uncrtaints": [40, 42]},
+    }
     for stage, psnr in table.items():
         path = tmp_path / f"stage{stage}.json"
         path.write_text(json.dumps(_report(stage, psnr)))
@@ -242,8 +247,9 @@ def test_natural_clouds_lay_a_cloudy_dates_cloud_on_a_clear_target(tiny_store, s
     from vcloud.data.shards import ShardReader
     from vcloud.train.stages import NaturalClouds
 
-    cfg = dataclasses.replace(small, data=dataclasses.replace(small.data, input_dates=2, crop=None,
-                                                              clear_target_max_cover=1.01))  # fmt: skip
+    cfg = dataclasses.replace(
+        small, data=dataclasses.replace(small.data, input_dates=2, crop=None, clear_target_max_cover=1.01)
+    )
     reader = ShardReader(tiny_store)
     cover = np.nan_to_num(reader.cloud_cover, nan=1.0)
     clouds = NaturalClouds(tiny_store, cfg, length=6, seed=0)
@@ -314,8 +320,9 @@ def test_natural_pairs_are_the_reference_construction_on_the_split(tiny_store, s
     from vcloud.train.stages import NaturalPairs
 
     pairs = NaturalPairs(tiny_store, small, length=None, seed=0)
-    reference = ReferenceSamples(tiny_store, dates=small.data.input_dates, truths=10**6,
-                                 clear_max_cover=small.data.clear_target_max_cover)  # fmt: skip
+    reference = ReferenceSamples(
+        tiny_store, dates=small.data.input_dates, truths=10**6, clear_max_cover=small.data.clear_target_max_cover
+    )
     assert len(pairs) == len(reference) > 0
     for _location, truth, dates, slot in reference.items:
         assert truth not in dates and abs(dates[slot] - truth) == min(abs(d - truth) for d in dates)

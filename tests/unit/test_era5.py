@@ -43,11 +43,13 @@ def write_arco_like(path, times):
     lat, lon = LAT[None, :, None], LON[None, None, :]
     dims = ("time", "latitude", "longitude")
     ds = xr.Dataset(
-        {U10: (dims, u_field(lat, lon, hour).astype(np.float32)),
-         V10: (dims, v_field(lat, lon, hour).astype(np.float32)),
-         "2m_temperature": (dims, np.zeros((len(times), 721, 1440), np.float32))},
+        {
+            U10: (dims, u_field(lat, lon, hour).astype(np.float32)),
+            V10: (dims, v_field(lat, lon, hour).astype(np.float32)),
+            "2m_temperature": (dims, np.zeros((len(times), 721, 1440), np.float32)),
+        },
         coords={"time": times, "latitude": LAT, "longitude": LON},
-    )  # fmt: skip
+    )
     encoding = {name: {"chunks": (1, 721, 1440)} for name in ds.data_vars}  # one chunk per hour
     ds.to_zarr(path, zarr_format=2, consolidated=True, mode="w", encoding=encoding)
     return path
@@ -67,8 +69,19 @@ def arco(needs, tmp_path_factory):
 
 
 def run_cli(raw, out, source, rois=TINY_ROIS):
-    argv = ["era5-wind", "--raw", str(raw), "--out", str(out), "--source", str(source),
-            "--times", str(TINY["times"]), "--size", str(TINY["size"])]  # fmt: skip
+    argv = [
+        "era5-wind",
+        "--raw",
+        str(raw),
+        "--out",
+        str(out),
+        "--source",
+        str(source),
+        "--times",
+        str(TINY["times"]),
+        "--size",
+        str(TINY["size"]),
+    ]
     for roi in rois:
         argv += ["--roi", str(roi)]
     return main(argv)
@@ -98,8 +111,9 @@ def test_rule_command_then_prepare_interpolates_to_a_hand_computed_value(
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["ROIs1158_119", "ROIs1868_119"]
 
     store = tmp_path / "roi.zarr"
-    prepare_roi(raw=tiny_raw_master, roi=TINY_ROIS[0], out=store, times=TINY["times"], size=TINY["size"],
-                wind_table=out)  # fmt: skip
+    prepare_roi(
+        raw=tiny_raw_master, roi=TINY_ROIS[0], out=store, times=TINY["times"], size=TINY["size"], wind_table=out
+    )
     ds = open_store(store)
     lon, lat = needs[0].lonlat[1]  # location 1 (patch 1)
     date = ds["date_s2"].values[1, 2].astype("datetime64[D]")
@@ -108,8 +122,12 @@ def test_rule_command_then_prepare_interpolates_to_a_hand_computed_value(
     east = lon % 360.0
     lon0, lat0 = np.floor(east / 0.25) * 0.25, np.floor(lat / 0.25) * 0.25
     wx, wy = (east - lon0) / 0.25, (lat - lat0) / 0.25
-    corners = [(lat0, lon0, (1 - wy) * (1 - wx)), (lat0, lon0 + 0.25, (1 - wy) * wx),
-               (lat0 + 0.25, lon0, wy * (1 - wx)), (lat0 + 0.25, lon0 + 0.25, wy * wx)]  # fmt: skip
+    corners = [
+        (lat0, lon0, (1 - wy) * (1 - wx)),
+        (lat0, lon0 + 0.25, (1 - wy) * wx),
+        (lat0 + 0.25, lon0, wy * (1 - wx)),
+        (lat0 + 0.25, lon0 + 0.25, wy * wx),
+    ]
     u = sum(w * np.float32(u_field(a, o, hour)) for a, o, w in corners)
     v = sum(w * np.float32(v_field(a, o, hour)) for a, o, w in corners)
     assert ds["wind_u"].values[1, 2] == pytest.approx(u, abs=1e-4)
@@ -147,8 +165,11 @@ def test_store_without_the_roi_is_named(tiny_raw_master, arco, tmp_path):
 
 
 def test_box_across_the_antimeridian_keeps_longitudes_increasing():
-    need = WindNeed(roi=RoiId("ROIs1868", 1), lonlat=np.array([[179.9, 10.0], [-179.95, 10.1]]),
-                    dates=(np.datetime64("2018-01-01", "D").astype(object),))  # fmt: skip
+    need = WindNeed(
+        roi=RoiId("ROIs1868", 1),
+        lonlat=np.array([[179.9, 10.0], [-179.95, 10.1]]),
+        dates=(np.datetime64("2018-01-01", "D").astype(object),),
+    )
     when = np.datetime64("2018-01-01T12", "ns")
     frame = _frame(need, LON, LAT)
     boxes = {when: (frame.cut(np.tile(LON, (721, 1))), frame.cut(np.zeros((721, 1440))))}  # u10 = ARCO lon

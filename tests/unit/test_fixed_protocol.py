@@ -25,8 +25,12 @@ def setup(tiny_store, tmp_path_factory):
     config = root / "small.yaml"
     config.write_text(yaml.safe_dump(models))
     out = root / "fixed_protocol.npz"
-    assert main(["fixed-protocol", "--store", str(tiny_store), "--config", str(config), "--out", str(out),
-                 "--threads", "2"]) == 0  # fmt: skip
+    assert (
+        main(
+            ["fixed-protocol", "--store", str(tiny_store), "--config", str(config), "--out", str(out), "--threads", "2"]
+        )
+        == 0
+    )
     return config, out
 
 
@@ -98,13 +102,18 @@ def test_viewer_images_are_the_same_with_the_file(setup, tiny_store, tmp_path, m
 
     config, out = setup
     cfg = load_model_config(config)
-    models = {0: Autoencoder(cfg.stage0.model), 1: CFDT(cfg.stage1.model), 2: Refiner(cfg.stage2.model),
-              3: CFDT(cfg.stage1.model)}  # fmt: skip
+    models = {
+        0: Autoencoder(cfg.stage0.model),
+        1: CFDT(cfg.stage1.model),
+        2: Refiner(cfg.stage2.model),
+        3: CFDT(cfg.stage1.model),
+    }
     checkpoints = {}
     for stage, model in models.items():
         checkpoints[stage] = tmp_path / f"stage{stage}.pt"
-        save_checkpoint(checkpoints[stage], {**checkpoint_meta(stage=stage, config_hash="t"),
-                                             "model": model.state_dict()})  # fmt: skip
+        save_checkpoint(
+            checkpoints[stage], {**checkpoint_meta(stage=stage, config_hash="t"), "model": model.state_dict()}
+        )
     wind = tmp_path / "wind.npz"
     from vcloud.wind.scan_orders import write_cache
 
@@ -136,8 +145,23 @@ def test_viewer_images_are_the_same_with_the_file(setup, tiny_store, tmp_path, m
 def test_a_file_that_does_not_match_is_refused_in_one_line(setup, tiny_store, tmp_path, capsys, change, message):
     config, out = setup
     bad = _rewrite(out, tmp_path / "bad.npz", **change)
-    status = main(["evaluate", "--stage", "0", "--stage0", str(_checkpoint(tmp_path, config)), "--store", str(tiny_store),
-                   "--config", str(config), "--out", str(tmp_path / "e.json"), "--fixed-protocol", str(bad)])  # fmt: skip
+    status = main(
+        [
+            "evaluate",
+            "--stage",
+            "0",
+            "--stage0",
+            str(_checkpoint(tmp_path, config)),
+            "--store",
+            str(tiny_store),
+            "--config",
+            str(config),
+            "--out",
+            str(tmp_path / "e.json"),
+            "--fixed-protocol",
+            str(bad),
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert status == 2 and len(err.splitlines()) == 1, err
     assert f"{bad}: " in err and message in err, err

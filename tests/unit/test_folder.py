@@ -25,8 +25,15 @@ def _write(path, data, georef):
     from rasterio.transform import Affine
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    profile = {"driver": "GTiff", "dtype": data.dtype.name, "count": data.shape[0], "height": data.shape[1],
-               "width": data.shape[2], "crs": georef.crs, "transform": Affine.from_gdal(*georef.transform)}  # fmt: skip
+    profile = {
+        "driver": "GTiff",
+        "dtype": data.dtype.name,
+        "count": data.shape[0],
+        "height": data.shape[1],
+        "width": data.shape[2],
+        "crs": georef.crs,
+        "transform": Affine.from_gdal(*georef.transform),
+    }
     with rasterio.open(path, "w", **profile) as dst:
         dst.write(data)
 
@@ -79,8 +86,23 @@ def test_plain_folder_is_prepared_and_predicted(folder, tmp_path):
 
     ckpt = tiny_checkpoints(tmp_path / "ckpt")
     out = tmp_path / "out"
-    predict = ["predict", "--stage", "1", "--store", str(store), "--out", str(out), "--stage1", str(ckpt[1]),
-               "--config", str(ckpt["config"]), "--device", "cpu", "--min-cover", "-1"]  # fmt: skip
+    predict = [
+        "predict",
+        "--stage",
+        "1",
+        "--store",
+        str(store),
+        "--out",
+        str(out),
+        "--stage1",
+        str(ckpt[1]),
+        "--config",
+        str(ckpt["config"]),
+        "--device",
+        "cpu",
+        "--min-cover",
+        "-1",
+    ]
     assert main(predict) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert sorted(manifest["outputs"]) == [f"ROIs9000_1_p0_{d}" for d in dates]

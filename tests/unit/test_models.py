@@ -153,9 +153,14 @@ def outputs_of_every_model(small, *, autocast: bool = False):
     torch.nn.init.normal_(refiner.head[-1].weight, std=0.05)  # past the zero start: gradients everywhere
     z = torch.randn(B, 13, 16, 16)
     cond = refiner_condition(
-        torch.rand(B, 13, 16, 16), torch.rand(B, 13, 16, 16), torch.rand(B, 2, 16, 16), torch.rand(B, 1, 16, 16),
-        s1_valid=torch.ones(B, dtype=torch.bool), spectrum=torch.full((13,), 0.5), scale=torch.full((13,), 0.02),
-    )  # fmt: skip
+        torch.rand(B, 13, 16, 16),
+        torch.rand(B, 13, 16, 16),
+        torch.rand(B, 2, 16, 16),
+        torch.rand(B, 1, 16, 16),
+        s1_valid=torch.ones(B, dtype=torch.bool),
+        spectrum=torch.full((13,), 0.5),
+        scale=torch.full((13,), 0.02),
+    )
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         yield "autoencoder", autoencoder, autoencoder(x[:, 0, :13])
         yield "cfdt", cfdt, cfdt(x, days, target_index, torch.tensor([3, -1]))
@@ -310,9 +315,14 @@ def test_ddim_sampling_is_deterministic_per_seed(small):
 
     def sample(seed: int, temperature: float | None = None) -> torch.Tensor:
         return ddim_sample(
-            model, cond, steps=4, generator=torch.Generator().manual_seed(seed), shape=shape, clip=5.0,
+            model,
+            cond,
+            steps=4,
+            generator=torch.Generator().manual_seed(seed),
+            shape=shape,
+            clip=5.0,
             temperature=temperature,
-        )  # fmt: skip
+        )
 
     first, again, other = sample(0), sample(0), sample(1)
     assert first.shape == shape and torch.isfinite(first).all()

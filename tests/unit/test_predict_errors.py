@@ -23,8 +23,12 @@ def test_bad_store_checkpoint_config_and_dates_are_one_line(tiny_store, ckpt, tm
     out = tmp_path / "out"
     missing = tmp_path / "nowhere.zarr"
     _fails(capsys, predict_args(missing, out, ckpt), out, f"{missing}: prepared store not found")
-    _fails(capsys, predict_args(tiny_store, out, ckpt, "--dates", "2017-01-01"), out,
-           f"{tiny_store}: date 2017-01-01 not in the store")  # fmt: skip
+    _fails(
+        capsys,
+        predict_args(tiny_store, out, ckpt, "--dates", "2017-01-01"),
+        out,
+        f"{tiny_store}: date 2017-01-01 not in the store",
+    )
     _fails(capsys, predict_args(tiny_store, out, ckpt, "--dates", "2018-13-01"), out, "--dates 2018-13-01")
     swapped = {**ckpt, 1: ckpt[2]}  # stage 2's weights given as stage 1's
     _fails(capsys, predict_args(tiny_store, out, swapped), out, f"{ckpt[2]}: checkpoint of stage 2, expected stage 1")

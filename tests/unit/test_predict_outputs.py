@@ -43,8 +43,9 @@ def test_outputs_keep_the_raw_georeferencing_and_are_valid_cogs(predicted, tiny_
     assert len(outputs) == 4 and all(o["status"] == "done" for o in outputs.values())  # 2 locations x 2 dates
     for name, entry in outputs.items():
         assert name == f"{entry['location']}_{entry['date']}"
-        _, georef = read_image(_raw_s2(tiny_raw_master, entry["location"], entry["date"]), bands=13, size=32,
-                               dtype=np.uint16)  # fmt: skip
+        _, georef = read_image(
+            _raw_s2(tiny_raw_master, entry["location"], entry["date"]), bands=13, size=32, dtype=np.uint16
+        )
         assert set(entry["files"]) == {"prediction", "cloud", "uncertainty"}
         for record in entry["files"].values():
             path = out / record["path"]

@@ -52,8 +52,11 @@ def test_killed_run_resumes_with_identical_files_redoing_only_unfinished(tiny_st
     assert proc.returncode == -signal.SIGKILL
     manifest = json.loads((out / "manifest.partial.json").read_text())
     done = [name for name, entry in manifest["outputs"].items() if entry["status"] == "done"]
-    kept = {path: (p.stat().st_ino, p.stat().st_mtime_ns) for path, p in _files(out).items()
-            if any(path.startswith(name) for name in done)}  # fmt: skip
+    kept = {
+        path: (p.stat().st_ino, p.stat().st_mtime_ns)
+        for path, p in _files(out).items()
+        if any(path.startswith(name) for name in done)
+    }
     assert kept
 
     rerun = subprocess.run(_command(tiny_store, out, ckpt), capture_output=True, text=True, env=ONE_THREAD)

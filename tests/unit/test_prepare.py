@@ -26,9 +26,22 @@ def _prepare(raw, out, policy="fail", **kw):
 
 def _cli(raw, out, policy="fail"):
     return main(
-        ["prepare", "--raw", str(raw), "--roi", str(ROI), "--out", str(out), "--on-bad-image", policy,
-         "--times", str(TINY["times"]), "--size", str(TINY["size"])]
-    )  # fmt: skip
+        [
+            "prepare",
+            "--raw",
+            str(raw),
+            "--roi",
+            str(ROI),
+            "--out",
+            str(out),
+            "--on-bad-image",
+            policy,
+            "--times",
+            str(TINY["times"]),
+            "--size",
+            str(TINY["size"]),
+        ]
+    )
 
 
 def _s2_file(raw, patch=0, t=1):
@@ -157,9 +170,17 @@ def _bad_name(raw):
 
 
 BAD_INPUTS = [
-    _truncate, _not_tiff, _band_count, _size, _dtype, _inf, _all_nan,
-    _s1_without_s2, _missing_time_folder, _bad_name,
-]  # fmt: skip
+    _truncate,
+    _not_tiff,
+    _band_count,
+    _size,
+    _dtype,
+    _inf,
+    _all_nan,
+    _s1_without_s2,
+    _missing_time_folder,
+    _bad_name,
+]
 
 
 @pytest.mark.parametrize("damage", BAD_INPUTS, ids=lambda f: f.__name__.strip("_"))

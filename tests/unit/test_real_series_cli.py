@@ -74,10 +74,15 @@ def ckpt(tmp_path_factory):
 
 def _vcloud(args: list[str]) -> subprocess.CompletedProcess:
     src = str(Path(vcloud.__file__).parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}  # fmt: skip
-    return subprocess.run([sys.executable, "-m", "vcloud.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=300)  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "vcloud.cli", *args], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def _works_or_one_line(run: subprocess.CompletedProcess, command: str, store: Path) -> str | None:
@@ -97,8 +102,19 @@ def _works_or_one_line(run: subprocess.CompletedProcess, command: str, store: Pa
 @pytest.mark.parametrize("name", list(STORES))
 def test_evaluate_and_predict_work_or_say_in_one_line_what_is_wrong(stores, ckpt, tmp_path, name):
     store = stores[name]
-    evaluate = ["evaluate", "--stage", "1", "--stage1", str(ckpt[1]), "--config", str(ckpt["config"]),
-                "--store", str(store), "--out", str(tmp_path / "eval.json")]  # fmt: skip
+    evaluate = [
+        "evaluate",
+        "--stage",
+        "1",
+        "--stage1",
+        str(ckpt[1]),
+        "--config",
+        str(ckpt["config"]),
+        "--store",
+        str(store),
+        "--out",
+        str(tmp_path / "eval.json"),
+    ]
     error = _works_or_one_line(_vcloud(evaluate), "evaluate", store)
     if name in ("without_s1", "short"):  # S1 missing is data: the clear dates are targets all the same
         assert error is None

@@ -128,8 +128,11 @@ def use_registry(monkeypatch, stages) -> None:
 
     from vcloud import registry
 
-    derived = {"STAGES": stages, "STAGE_NUMBERS": tuple(s.number for s in stages),
-               "VIEWER_STAGES": tuple(s.number for s in stages if s.viewer_label)}  # fmt: skip
+    derived = {
+        "STAGES": stages,
+        "STAGE_NUMBERS": tuple(s.number for s in stages),
+        "VIEWER_STAGES": tuple(s.number for s in stages if s.viewer_label),
+    }
     before = {name: getattr(registry, name) for name in derived}
     for module in [m for name, m in sys.modules.items() if name.startswith("vcloud") and m is not None]:
         for name, value in derived.items():
@@ -145,9 +148,17 @@ def with_stage4(monkeypatch):
 
     from vcloud.export import viewer
 
-    stage4 = dataclasses.replace(get_stage(3), number=4, upstream=(1, 3), predictor_needs=(1, 4), folder="",
-                                 viewer_label="stage 4 fine-tuned", label="fine-tuned", trains="stage2",
-                                 predictor="vcloud.evaluation.predict:refined")  # fmt: skip
+    stage4 = dataclasses.replace(
+        get_stage(3),
+        number=4,
+        upstream=(1, 3),
+        predictor_needs=(1, 4),
+        folder="",
+        viewer_label="stage 4 fine-tuned",
+        label="fine-tuned",
+        trains="stage2",
+        predictor="vcloud.evaluation.predict:refined",
+    )
     use_registry(monkeypatch, (*STAGES, stage4))
     yield stage4
     monkeypatch.undo()
@@ -172,8 +183,11 @@ def test_a_stage_added_to_a_test_registry_gets_rules_folder_resources_bill_line_
     assert config["resources"]["evaluate_stage4"]["partition"] == "small-g"
     # The bill has its lines, priced as one GCD.
     model_set = __import__("vcloud.config", fromlist=["x"]).load_model_config(REPO / "config/models/full.yaml")
-    model_set = type("WithStage4", (), {**{f: getattr(model_set, f) for f in model_set.__dataclass_fields__},
-                                        "stage4": model_set.stage3})()  # fmt: skip
+    model_set = type(
+        "WithStage4",
+        (),
+        {**{f: getattr(model_set, f) for f in model_set.__dataclass_fields__}, "stage4": model_set.stage3},
+    )()
     cluster = Cluster.from_config(config)
     bills, _ = rule_bills(config, cluster, lambda rule: RuleResources.from_config(config, rule), model_set=model_set)
     by_rule = {bill.rule: bill for bill in bills}
@@ -202,8 +216,10 @@ def test_a_config_entry_changes_the_registry_resources_key_by_key():
     from vcloud.config.workflow import fill_stage_resources
 
     config = fill_stage_resources({"cluster": {"name": "x"}, "resources": {"train_stage3": {"epoch_minutes": 5}}})
-    assert config["resources"]["train_stage3"] == {**get_stage(3).rule_resources("train", cluster=True),
-                                                   "epoch_minutes": 5}  # fmt: skip
+    assert config["resources"]["train_stage3"] == {
+        **get_stage(3).rule_resources("train", cluster=True),
+        "epoch_minutes": 5,
+    }
     assert config["resources"]["train_stage3"]["runtime"] == 2880  # stage 3's own, from its entry
 
 

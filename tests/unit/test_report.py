@@ -124,11 +124,18 @@ def test_resources_of_is_the_entry_named_like_the_rule():
 
 
 def test_evaluation_tables_show_means_and_classes_of_every_stage(tmp_path):
-    method = {"mean": {"psnr": 31.234, "ssim": 0.9, "sam": 5.0, "mae": 0.02, "rmse": 0.03},
-              "by_class": {"thick": {"psnr": 29.5, "samples": 2}}}  # fmt: skip
+    method = {
+        "mean": {"psnr": 31.234, "ssim": 0.9, "sam": 5.0, "mae": 0.02, "rmse": 0.03},
+        "by_class": {"thick": {"psnr": 29.5, "samples": 2}},
+    }
     for stage in (0, 1):
-        report = {"stage": stage, "store": "test.zarr", "protocols": {"fixed": {
-            "samples": 2, "model": method, "least_cloudy_date": method, "median_mosaic": method}}}  # fmt: skip
+        report = {
+            "stage": stage,
+            "store": "test.zarr",
+            "protocols": {
+                "fixed": {"samples": 2, "model": method, "least_cloudy_date": method, "median_mosaic": method}
+            },
+        }
         (tmp_path / f"stage{stage}.json").write_text(json.dumps(report))
     evaluation_tables([tmp_path / "stage0.json", tmp_path / "stage1.json"], tmp_path / "eval.html")
     page = (tmp_path / "eval.html").read_text()
@@ -144,14 +151,30 @@ def test_evaluation_tables_show_the_protocol_the_new_baseline_and_paired_errors(
     from vcloud.evaluation.stats import paired_report
 
     def method(psnr):
-        return {"mean": {"psnr": float(np.mean(psnr)), "ssim": 0.9, "sam": 5.0, "mae": 0.02, "rmse": 0.03},
-                "by_class": {}, "per_sample": {"psnr": psnr, "ssim": [0.9, 0.8, 0.7]}}  # fmt: skip
+        return {
+            "mean": {"psnr": float(np.mean(psnr)), "ssim": 0.9, "sam": 5.0, "mae": 0.02, "rmse": 0.03},
+            "by_class": {},
+            "per_sample": {"psnr": psnr, "ssim": [0.9, 0.8, 0.7]},
+        }
 
-    result = {"samples": 3, "cloud_class": ["thin", "thin", "thick"], "location": [0, 0, 1],
-              "model": method([30.0, 32.0, 34.0]), "nearest_clear_date": method([29.0, 30.0, 30.0])}  # fmt: skip
+    result = {
+        "samples": 3,
+        "cloud_class": ["thin", "thin", "thick"],
+        "location": [0, 0, 1],
+        "model": method([30.0, 32.0, 34.0]),
+        "nearest_clear_date": method([29.0, 30.0, 30.0]),
+    }
     result["paired"] = paired_report(result, others=["nearest_clear_date"])
-    setup = {"protocol": "uncrtaints", "dates": 3, "region": "europa", "min_cov": 0.0, "max_cov": 1.0,
-             "pairs": "computed", "target_in_inputs": 1, "samples": 3}  # fmt: skip
+    setup = {
+        "protocol": "uncrtaints",
+        "dates": 3,
+        "region": "europa",
+        "min_cov": 0.0,
+        "max_cov": 1.0,
+        "pairs": "computed",
+        "target_in_inputs": 1,
+        "samples": 3,
+    }
     report = {"stage": 1, "store": "test.zarr", "protocols": {"uncrtaints": {"protocol": setup, **result}}}
     (tmp_path / "stage1.json").write_text(json.dumps(report))
     evaluation_tables([tmp_path / "stage1.json"], tmp_path / "eval.html", markdown=tmp_path / "eval.md")
@@ -161,8 +184,10 @@ def test_evaluation_tables_show_the_protocol_the_new_baseline_and_paired_errors(
     assert "<td class=l>uncrtaints</td><td class=l>nearest_clear_date</td><td>3</td><td>29.67</td>" in page
     # differences 1, 2, 4: mean 2.33, paired SE std([1, 2, 4], ddof=1) / sqrt(3) = 0.88; by location
     # (0: 1, 2; 1: 4) sqrt(2 * ((-1.33 - 0.33)^2 + 1.67^2)) / 3 = 1.11
-    row = ("<td class=l>uncrtaints</td><td class=l>model - nearest_clear_date</td><td class=l>all</td><td>3</td>"
-           "<td>2</td><td>+2.33 ± 0.88</td><td>1.11</td><td>+0.000 ± 0.000</td>")  # fmt: skip
+    row = (
+        "<td class=l>uncrtaints</td><td class=l>model - nearest_clear_date</td><td class=l>all</td><td>3</td>"
+        "<td>2</td><td>+2.33 ± 0.88</td><td>1.11</td><td>+0.000 ± 0.000</td>"
+    )
     assert row in page
     assert "<td class=l>thin</td><td>2</td><td>1</td><td>+1.50 ± 0.50</td><td>-</td>" in page  # 1 location: no SE
     text = (tmp_path / "eval.md").read_text()
@@ -173,8 +198,19 @@ def test_evaluation_tables_show_the_protocol_the_new_baseline_and_paired_errors(
 def test_cli_accounting_rejects_resources_that_are_not_json(tmp_path, capsys):
     from vcloud.cli import main
 
-    status = main(["accounting", "--benchmarks", str(tmp_path), "--resources", "{not json",
-                   "--tsv", str(tmp_path / "a.tsv"), "--html", str(tmp_path / "a.html")])  # fmt: skip
+    status = main(
+        [
+            "accounting",
+            "--benchmarks",
+            str(tmp_path),
+            "--resources",
+            "{not json",
+            "--tsv",
+            str(tmp_path / "a.tsv"),
+            "--html",
+            str(tmp_path / "a.html"),
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert status == 2 and err.startswith("vcloud accounting: error: --resources: not a JSON object")
     assert len(err.splitlines()) == 1

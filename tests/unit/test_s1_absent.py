@@ -175,8 +175,17 @@ def test_evaluate_without_s1_marks_every_date_absent_in_every_protocol(tiny_stor
     monkeypatch.setattr(evaluation, "score", spy)
     monkeypatch.setattr(evaluation, "table", lambda report: "")
     ckpt = tiny_checkpoints(tmp_path / "ckpt")
-    args = ["evaluate", "--stage", "1", "--store", str(tiny_store), "--stage1", str(ckpt[1]),
-            "--config", str(ckpt["config"])]  # fmt: skip
+    args = [
+        "evaluate",
+        "--stage",
+        "1",
+        "--store",
+        str(tiny_store),
+        "--stage1",
+        str(ckpt[1]),
+        "--config",
+        str(ckpt["config"]),
+    ]
     assert main([*args, "--out", str(tmp_path / "with.json")]) == 0
     assert len(seen) >= 2 and all(batch["s1_valid"].all() for batch in seen)  # the tiny store has S1
     seen.clear()
@@ -207,8 +216,12 @@ def test_a_predictor_given_a_date_without_s1_runs_and_uses_it(partial, tmp_path)
     batch = read_batch(reader, jobs).tensors
     assert_marked(batch)
     # A sample whose context date (not the target) has no S1.
-    i, other = next((i, t) for i in range(len(jobs)) for t in range(2)
-                    if t != int(batch["target_index"][i]) and not batch["s1_valid"][i, t])  # fmt: skip
+    i, other = next(
+        (i, t)
+        for i in range(len(jobs))
+        for t in range(2)
+        if t != int(batch["target_index"][i]) and not batch["s1_valid"][i, t]
+    )
     one = {k: v[i : i + 1] for k, v in batch.items()}
     changed = {**one, "x": one["x"].clone()}
     changed["x"][0, other, S2_CHANNELS] = 1.0 - changed["x"][0, other, S2_CHANNELS]

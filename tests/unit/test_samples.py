@@ -137,8 +137,9 @@ def _old_cloudy_item(ds: CloudySamples, index: int) -> dict:
     s2[target_index] = cloudsim.apply(truth, opacity, shadow)
     prob = np.nan_to_num(sample.cloud_prob[:, ys, xs], nan=1.0)
     prob[target_index] = detected_probability(s2[target_index]) / np.float32(CLOUD_PROB_SCALE)
-    item = stack_sample(s2, sample.s1[:, :, ys, xs], prob, reader.date_s2[location, dates], target_index,
-                        s1_valid=sample.valid_s1)  # fmt: skip
+    item = stack_sample(
+        s2, sample.s1[:, :, ys, xs], prob, reader.date_s2[location, dates], target_index, s1_valid=sample.valid_s1
+    )
     item["wind"] = torch.from_numpy(reader.wind[location, target_t])
     item["target"] = torch.from_numpy(np.ascontiguousarray(truth))
     item["cloud_class"] = torch.tensor(CLOUD_CLASSES.index(kind))

@@ -49,14 +49,22 @@ def tiny(tiny_store, tmp_path_factory):
 
 
 def _val_batch(cfg, store) -> dict:
-    samples = CloudySamples(store, dates=cfg.data.input_dates, length=2, seed=5, clear_max_cover=1.01,
-                            kinds=("thick",))  # fmt: skip
+    samples = CloudySamples(store, dates=cfg.data.input_dates, length=2, seed=5, clear_max_cover=1.01, kinds=("thick",))
     return finish_batch({k: torch.stack([samples[i][k] for i in range(2)]) for k in samples[0]})
 
 
 def _fit(task: StageTask, cfg, out: Path) -> None:
-    Trainer(task, train_cfg=cfg.stage2.train, data_cfg=cfg.data, out_dir=out, config_hash="h",
-            config={"test": True}, env=SINGLE, device="cpu", progress=False).fit()  # fmt: skip
+    Trainer(
+        task,
+        train_cfg=cfg.stage2.train,
+        data_cfg=cfg.data,
+        out_dir=out,
+        config_hash="h",
+        config={"test": True},
+        env=SINGLE,
+        device="cpu",
+        progress=False,
+    ).fit()
 
 
 def test_a_refiner_that_makes_things_worse_is_not_shipped(tiny, tiny_store, tmp_path):
@@ -82,8 +90,12 @@ def test_a_refiner_that_makes_things_worse_is_not_shipped(tiny, tiny_store, tmp_
     pipeline.eval()
     batch = _val_batch(cfg, tiny_store)
     for seed in (0, 7):  # what ships is exactly the draft, whatever the seed
-        torch.testing.assert_close(pipeline.sample(batch, steps=2, seed=seed),
-                                   cfdt_draft(pipeline.cfdt, batch).float().clamp(0, 1), rtol=0, atol=0)  # fmt: skip
+        torch.testing.assert_close(
+            pipeline.sample(batch, steps=2, seed=seed),
+            cfdt_draft(pipeline.cfdt, batch).float().clamp(0, 1),
+            rtol=0,
+            atol=0,
+        )
 
 
 def test_sampler_output_depends_on_the_seed_only(tiny, tiny_store):
@@ -144,8 +156,9 @@ def test_a_stage_can_take_its_own_samples_per_epoch(tiny, tiny_store):
 def test_residual_scale_and_cloud_spectrum_are_measured_on_the_samples(tiny, tiny_store):
     cfg, stage1 = tiny
     pipeline = build_pipeline(cfg, stage1_ckpt=stage1)
-    samples = CloudySamples(tiny_store, dates=cfg.data.input_dates, length=3, seed=1, clear_max_cover=1.01,
-                            kinds=("thin", "opaque"))  # fmt: skip
+    samples = CloudySamples(
+        tiny_store, dates=cfg.data.input_dates, length=3, seed=1, clear_max_cover=1.01, kinds=("thin", "opaque")
+    )
     scale, spectrum = fit_refiner_statistics(pipeline, samples, device="cpu")
     residuals, cloudy = [], []
     for i in range(3):
@@ -199,8 +212,9 @@ def test_training_visits_the_sampler_levels(tiny):
     torch.manual_seed(0)
     assert set(pipeline.training_levels(200, "cpu").tolist()) == levels
     m = dataclasses.replace(cfg.stage2.model, train_levels="all")
-    pipeline = build_pipeline(dataclasses.replace(cfg, stage2=dataclasses.replace(cfg.stage2, model=m)),
-                              stage1_ckpt=stage1)  # fmt: skip
+    pipeline = build_pipeline(
+        dataclasses.replace(cfg, stage2=dataclasses.replace(cfg.stage2, model=m)), stage1_ckpt=stage1
+    )
     assert len(set(pipeline.training_levels(200, "cpu").tolist()) - levels) > cfg.stage2.model.timesteps // 2
 
 
@@ -221,16 +235,29 @@ def _toy_task(store, *, hook=None, validated=True) -> StageTask:
         return compute_all(m(batch["target"]).clamp(0, 1), batch["target"] * 0.5)
 
     return StageTask(
-        stage=0, model=model, loss=loss, validate=validate, validate_initial=True,
+        stage=0,
+        model=model,
+        loss=loss,
+        validate=validate,
+        validate_initial=True,
         train_set=ClearImages(store, length=6, seed=1, crop=16, clear_max_cover=1.01),
         val_set=ClearImages(store, length=2, seed=2, clear_max_cover=1.01) if validated else None,
-    )  # fmt: skip
+    )
 
 
 def _toy_fit(store, out, *, hook=None, validated=True) -> None:
     cfg = TrainConfig(epochs=3, batch_size=2, lr=1e-2, seed=0)
-    Trainer(_toy_task(store, hook=hook, validated=validated), train_cfg=cfg, data_cfg=DATA, out_dir=out, config_hash="h",
-            config={"test": True}, env=SINGLE, device="cpu", progress=False).fit()  # fmt: skip
+    Trainer(
+        _toy_task(store, hook=hook, validated=validated),
+        train_cfg=cfg,
+        data_cfg=DATA,
+        out_dir=out,
+        config_hash="h",
+        config={"test": True},
+        env=SINGLE,
+        device="cpu",
+        progress=False,
+    ).fit()
 
 
 def test_a_model_that_improves_replaces_its_starting_point(tiny_store, tmp_path):
@@ -265,8 +292,10 @@ def test_a_stop_inside_epoch_0_resumes_with_the_initial_validation(tiny_store, t
     _toy_fit(tiny_store, tmp_path / "cut")
 
     def strip(path):
-        return [{k: v for k, v in json.loads(line).items() if k in ("epoch", "val_psnr", "loss", "best")}
-                for line in path.read_text().splitlines()]  # fmt: skip
+        return [
+            {k: v for k, v in json.loads(line).items() if k in ("epoch", "val_psnr", "loss", "best")}
+            for line in path.read_text().splitlines()
+        ]
 
     assert strip(tmp_path / "cut/metrics.jsonl") == strip(tmp_path / "whole/metrics.jsonl")
     whole, cut = ckpt.load_checkpoint(tmp_path / "whole/best.pt"), ckpt.load_checkpoint(tmp_path / "cut/best.pt")

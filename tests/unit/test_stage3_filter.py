@@ -56,8 +56,7 @@ def _item(d, e, any_visible, *, labelled=False):
     visible = torch.zeros(H, W, dtype=torch.bool)
     if any_visible:
         visible[:, :2] = True
-    item = {"x": x, "target_index": torch.tensor(1), "days": torch.tensor([-5.0, 0.0]),
-            "case": torch.tensor([d, e])}  # fmt: skip
+    item = {"x": x, "target_index": torch.tensor(1), "days": torch.tensor([-5.0, 0.0]), "case": torch.tensor([d, e])}
     if labelled:  # truth = the observed image: the label's error is e on the visible pixels
         item |= {"target_prob": torch.where(visible, 0.0, 1.0), "target": torch.full((13, H, W), OBSERVED)}
     else:
@@ -67,8 +66,9 @@ def _item(d, e, any_visible, *, labelled=False):
 
 @pytest.fixture
 def cfg(small):
-    rule = dataclasses.replace(small.stage3.self_training, sampler_seeds=2, max_seed_spread=SPREAD,
-                               max_visible_error=VISIBLE)  # fmt: skip
+    rule = dataclasses.replace(
+        small.stage3.self_training, sampler_seeds=2, max_seed_spread=SPREAD, max_visible_error=VISIBLE
+    )
     return dataclasses.replace(small, stage3=dataclasses.replace(small.stage3, self_training=rule))
 
 
@@ -88,8 +88,12 @@ def test_exactly_the_confident_pseudo_labels_are_kept(cfg):
 
 
 def test_more_seeds_same_rule(cfg):
-    three = dataclasses.replace(cfg, stage3=dataclasses.replace(
-        cfg.stage3, self_training=dataclasses.replace(cfg.stage3.self_training, sampler_seeds=3)))  # fmt: skip
+    three = dataclasses.replace(
+        cfg,
+        stage3=dataclasses.replace(
+            cfg.stage3, self_training=dataclasses.replace(cfg.stage3.self_training, sampler_seeds=3)
+        ),
+    )
     # seeds +d, -d, +d: mean d/3, spread (2d/3 + 4d/3 + 2d/3) / 3 = 8d/9
     kept, scored = pseudo_label(FakeTeacher(), [_item(0.03125, 0.0, True)], three, "cpu")
     assert scored[0]["spread"] == pytest.approx(8 * 0.03125 / 9, rel=1e-5) and not kept

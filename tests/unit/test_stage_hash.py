@@ -34,7 +34,10 @@ def chain(monkeypatch):
 def test_a_change_two_stages_up_changes_the_key_through_the_stage_between(tmp_path, chain):
     base = _hash(tmp_path, 3)
     assert set(stage_config_dict(load_model_config(SMALL), 3)["upstream"]) == {"stage2"}
-    assert _hash(tmp_path, 3, lambda d: d["stage1"]["model"].update(gate_width=d["stage1"]["model"]["gate_width"] * 2)) != base  # fmt: skip
+    assert (
+        _hash(tmp_path, 3, lambda d: d["stage1"]["model"].update(gate_width=d["stage1"]["model"]["gate_width"] * 2))
+        != base
+    )
     assert _hash(tmp_path, 3, lambda d: d["stage1"]["train"].update(seed=d["stage1"]["train"]["seed"] + 1)) != base
     assert _hash(tmp_path, 3, lambda d: d["stage2"]["model"].update(ensemble=2)) != base
     assert _hash(tmp_path, 3, lambda d: d["stage0"]["train"].update(seed=7)) != base  # stage 1 starts from it

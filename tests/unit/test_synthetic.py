@@ -19,9 +19,21 @@ from vcloud.data.synthetic import ADVECTION_S, PIXEL_M, default_rois, write_raw_
 SMALL = {"patches": 2, "times": 6, "size": 32, "seed": 5}
 SMALL_ROIS = [RoiId("ROIs1868", 119), RoiId("ROIs1158", 119)]
 # Official lists of the reference loader (UnCRtainTS, region "all").
-OFFICIAL_TEST = {"ROIs1868/119", "ROIs1970/139", "ROIs2017/108", "ROIs2017/63", "ROIs1158/106", "ROIs1868/73",
-                 "ROIs2017/32", "ROIs1868/100", "ROIs1970/132", "ROIs2017/103", "ROIs1868/142", "ROIs1970/20",
-                 "ROIs2017/140"}  # fmt: skip
+OFFICIAL_TEST = {
+    "ROIs1868/119",
+    "ROIs1970/139",
+    "ROIs2017/108",
+    "ROIs2017/63",
+    "ROIs1158/106",
+    "ROIs1868/73",
+    "ROIs2017/32",
+    "ROIs1868/100",
+    "ROIs1970/132",
+    "ROIs2017/103",
+    "ROIs1868/142",
+    "ROIs1970/20",
+    "ROIs2017/140",
+}
 OFFICIAL_VAL = {"ROIs2017/22", "ROIs1970/65", "ROIs2017/117", "ROIs1868/127", "ROIs1868/17"}
 B = {name: i for i, name in enumerate(S2_BANDS)}
 

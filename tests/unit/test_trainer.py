@@ -47,9 +47,17 @@ def _task(store, *, hook=None):
 def _trainer(store, out, *, epochs=3, hook=None, config_hash="h1", fresh=False, **train):
     cfg = TrainConfig(**{"epochs": epochs, "batch_size": 2, "lr": 1e-2, "seed": 0, **train})
     return Trainer(
-        _task(store, hook=hook), train_cfg=cfg, data_cfg=DATA, out_dir=out, config_hash=config_hash,
-        config={"test": True}, env=SINGLE, device="cpu", progress=False, fresh=fresh,
-    )  # fmt: skip
+        _task(store, hook=hook),
+        train_cfg=cfg,
+        data_cfg=DATA,
+        out_dir=out,
+        config_hash=config_hash,
+        config={"test": True},
+        env=SINGLE,
+        device="cpu",
+        progress=False,
+        fresh=fresh,
+    )
 
 
 def _weights(path):

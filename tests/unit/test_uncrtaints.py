@@ -42,9 +42,11 @@ def _locations(tiny_store: Path):
         one = one.assign_coords(time=np.arange(6, dtype=np.int16))
         rois, roi, patch = name.split("_")
         one = one.assign_coords(
-            location=np.array([name], dtype=object), rois=("location", np.array([rois], dtype=object)),
-            roi=("location", np.array([int(roi)], np.int32)), patch=("location", np.array([int(patch[1:])], np.int32)),
-        )  # fmt: skip
+            location=np.array([name], dtype=object),
+            rois=("location", np.array([rois], dtype=object)),
+            roi=("location", np.array([int(roi)], np.int32)),
+            patch=("location", np.array([int(patch[1:])], np.int32)),
+        )
         dates = np.array([np.datetime64(d, "ns") for d in DATES])
         one["date_s2"].values[0] = dates
         one["date_s1"].values[0] = dates
@@ -283,10 +285,12 @@ def test_pairs_file_cannot_run_code(tmp_path):
         ({"a": _entry("ROIs1868_119_p1", [0.0] * 6)}, r"entry 'a': keys must be sample indices"),
         ({0: _entry("ROIs1868_119_p1", [0.0] * 5 + [1.5])}, r"entry 0 date 5: coverage 1.5 is outside 0..1"),
         ({0: _entry("ROIs1868_119_p1", [0.0] * 5)}, r"entry 0: paths.S2 must list 5 files"),
-        ({0: _entry("ROIs1868_119_p1", [0.0] * 6), 1: _entry("ROIs1868_119_p1", [0.0] * 6)},
-         r"entries 0 and 1 both name ROIs1868_119_p1"),
+        (
+            {0: _entry("ROIs1868_119_p1", [0.0] * 6), 1: _entry("ROIs1868_119_p1", [0.0] * 6)},
+            r"entries 0 and 1 both name ROIs1868_119_p1",
+        ),
     ],
-)  # fmt: skip
+)
 def test_malformed_pairs_files_fail_with_one_line(tmp_path, pairs, message):
     with pytest.raises(BadInputError, match=message):
         read_pairs(_save(tmp_path / "p.npy", pairs))
@@ -295,8 +299,13 @@ def test_malformed_pairs_files_fail_with_one_line(tmp_path, pairs, message):
 def test_pairs_are_verified_against_the_store(hand_store, tmp_path):
     moved = [*DATES[:3], "2018-04-11", *DATES[4:]]
     path = _save(tmp_path / "dates.npy", {0: _entry("ROIs1868_119_p1", [0.0] * 6, dates=moved)})
-    with pytest.raises(BadInputError, match=r"entry 0 \(ROIs1868_119_p1\): s2 date index 3 is 2018-04-11 in the file, "
-                                            r"2018-04-10 in the store"):  # fmt: skip
+    with pytest.raises(
+        BadInputError,
+        match=(
+            r"entry 0 \(ROIs1868_119_p1\): s2 date index 3 is 2018-04-11 in the file, "
+            r"2018-04-10 in the store"
+        ),
+    ):
         UncrtaintsSamples(hand_store, dates=3, pairs=path)
     path = _save(tmp_path / "patch.npy", {4: _entry("ROIs1868_119_p9", [0.0] * 6)})
     with pytest.raises(BadInputError, match=r"entry 4 \(ROIs1868_119_p9\): location not in store"):
@@ -348,8 +357,21 @@ def test_vcloud_evaluate_reports_the_protocol_its_samples_baselines_and_paired_e
 
     config = _config(tmp_path, None)  # no evaluation section: T=3, all regions, [0, 1], computed
     out = tmp_path / "eval.json"
-    argv = ["evaluate", "--stage", "0", "--stage0", str(_stage0(tmp_path, config)), "--store", str(hand_store),
-            "--config", str(config), "--samples", "2", "--out", str(out)]  # fmt: skip
+    argv = [
+        "evaluate",
+        "--stage",
+        "0",
+        "--stage0",
+        str(_stage0(tmp_path, config)),
+        "--store",
+        str(hand_store),
+        "--config",
+        str(config),
+        "--samples",
+        "2",
+        "--out",
+        str(out),
+    ]
     with caplog.at_level("INFO", logger="vcloud.evaluation.evaluate"):
         assert main(argv) == 0
     report = json.loads(out.read_text())
@@ -357,8 +379,13 @@ def test_vcloud_evaluate_reports_the_protocol_its_samples_baselines_and_paired_e
     result = report["protocols"]["uncrtaints"]
     setup = result["protocol"]
     assert {k: setup[k] for k in ("protocol", "dates", "region", "min_cov", "max_cov", "pairs")} == {
-        "protocol": "uncrtaints", "dates": 3, "region": "all", "min_cov": 0.0, "max_cov": 1.0, "pairs": "computed",
-    }  # fmt: skip
+        "protocol": "uncrtaints",
+        "dates": 3,
+        "region": "all",
+        "min_cov": 0.0,
+        "max_cov": 1.0,
+        "pairs": "computed",
+    }
     assert setup["items"] == [  # written by hand from LOCATIONS (as test_default_protocol_on_the_hand_made_store)
         ["ROIs1868_119_p0", 1, [0, 1, 2], 1],
         ["ROIs1868_119_p1", 4, [0, 1, 2], 2],
@@ -393,16 +420,29 @@ def test_evaluate_takes_the_pairing_file_and_the_configured_t_and_region(hand_st
 
     pairs = _save(tmp_path / "pairs.npy", {k: _entry(n, c) for k, (n, c) in PAIRS.items()})
     config = _config(tmp_path, {"uncrtaints": {"dates": 2, "region": "asiaEast", "pairs": str(tmp_path / "no.npy")}})
-    report = evaluate(stage=0, store=hand_store, out=tmp_path / "e.json", checkpoints={0: _stage0(tmp_path, config)},
-                      config_path=config, samples=1, uncrtaints_pairs=pairs)  # fmt: skip
+    report = evaluate(
+        stage=0,
+        store=hand_store,
+        out=tmp_path / "e.json",
+        checkpoints={0: _stage0(tmp_path, config)},
+        config_path=config,
+        samples=1,
+        uncrtaints_pairs=pairs,
+    )
     setup = report["protocols"]["uncrtaints"]["protocol"]
     assert setup["pairs"] == str(pairs) and setup["dates"] == 2 and setup["region"] == "asiaEast"
     assert setup["items"] == [["ROIs1868_119_p0", 5, [0, 1], 1], ["ROIs1868_119_p1", 0, [0, 1], 0]]
     assert setup["target_in_inputs"] == 1 and setup["pairs_outside_store"] == 0  # ROIs1158/106: not asiaEast
     # the configured file, when no option overrides it: a missing one stops the evaluation
     with pytest.raises(BadInputError, match=r"no.npy: pairing file not found"):
-        evaluate(stage=0, store=hand_store, out=tmp_path / "f.json", checkpoints={0: _stage0(tmp_path, config)},
-                 config_path=config, samples=1)  # fmt: skip
+        evaluate(
+            stage=0,
+            store=hand_store,
+            out=tmp_path / "f.json",
+            checkpoints={0: _stage0(tmp_path, config)},
+            config_path=config,
+            samples=1,
+        )
     assert not (tmp_path / "f.json").exists()
 
 
@@ -411,8 +451,14 @@ def test_a_store_without_uncrtaints_samples_is_still_evaluated(hand_store, tmp_p
     from vcloud.evaluation.scoring import table
 
     config = _config(tmp_path, {"uncrtaints": {"dates": 7}})
-    report = evaluate(stage=0, store=hand_store, out=tmp_path / "e.json", checkpoints={0: _stage0(tmp_path, config)},
-                      config_path=config, samples=1)  # fmt: skip
+    report = evaluate(
+        stage=0,
+        store=hand_store,
+        out=tmp_path / "e.json",
+        checkpoints={0: _stage0(tmp_path, config)},
+        config_path=config,
+        samples=1,
+    )
     result = report["protocols"]["uncrtaints"]
     assert result["samples"] == 0 and "6 dates per location, too few for T=7 inputs" in result["unavailable"]
     assert result["protocol"]["pairs"] == "computed" and report["protocols"]["fixed"]["samples"] == 1
@@ -423,22 +469,39 @@ def test_a_store_without_uncrtaints_samples_is_still_evaluated(hand_store, tmp_p
 @pytest.mark.parametrize(
     "evaluation, message",
     [
-        ({"uncrtaints": {"regoin": "all"}},
-         "unknown key evaluation.uncrtaints.regoin (allowed: dates, region, min_cov, max_cov, pairs)"),
-        ({"uncrtaints": {"region": "asia"}},
-         "key evaluation.uncrtaints.region: 'asia' is not one of all, africa, america, asiaEast, asiaWest, europa"),
+        (
+            {"uncrtaints": {"regoin": "all"}},
+            "unknown key evaluation.uncrtaints.regoin (allowed: dates, region, min_cov, max_cov, pairs)",
+        ),
+        (
+            {"uncrtaints": {"region": "asia"}},
+            "key evaluation.uncrtaints.region: 'asia' is not one of all, africa, america, asiaEast, asiaWest, europa",
+        ),
         ({"uncrtaints": {"dates": 0}}, "key evaluation.uncrtaints.dates: 0 must be >= 1"),
-        ({"uncrtaints": {"min_cov": 0.5, "max_cov": 0.2}},
-         "key evaluation.uncrtaints: need 0 <= min_cov (0.5) <= max_cov (0.2) <= 1"),
+        (
+            {"uncrtaints": {"min_cov": 0.5, "max_cov": 0.2}},
+            "key evaluation.uncrtaints: need 0 <= min_cov (0.5) <= max_cov (0.2) <= 1",
+        ),
         ({"nearest_clear_max_cover": 2}, "key evaluation.nearest_clear_max_cover: 2.0 is outside 0..1"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_protocol_setting_fails_with_one_line(hand_store, tmp_path, capsys, evaluation, message):
     from vcloud.cli import main
 
     config = _config(tmp_path, evaluation)
-    argv = ["evaluate", "--stage", "0", "--stage0", str(tmp_path / "x.pt"), "--store", str(hand_store),
-            "--config", str(config), "--out", str(tmp_path / "e.json")]  # fmt: skip
+    argv = [
+        "evaluate",
+        "--stage",
+        "0",
+        "--stage0",
+        str(tmp_path / "x.pt"),
+        "--store",
+        str(hand_store),
+        "--config",
+        str(config),
+        "--out",
+        str(tmp_path / "e.json"),
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err == f"vcloud evaluate: error: {config}: {message}"

@@ -108,8 +108,9 @@ def tiny_checkpoints(tmp_path_factory, one_thread):
 
 def _export(root, store, out, samples=3):
     checkpoints = {n: root / f"results/stage{n}/best.pt" for n in range(4)}
-    return export_viewer(store=store, checkpoints=checkpoints, config_path=root / "models.yaml", out=out,
-                         samples=samples, seed=0)  # fmt: skip
+    return export_viewer(
+        store=store, checkpoints=checkpoints, config_path=root / "models.yaml", out=out, samples=samples, seed=0
+    )
 
 
 def test_export_writes_every_layer_of_every_sample_and_the_metrics(tiny_checkpoints, tiny_store, tmp_path):
@@ -148,9 +149,20 @@ def test_cli_export_viewer_names_a_missing_checkpoint_in_one_line(tiny_store, tm
 
     write_cache(tmp_path / "w.npz", grid_h=4, grid_w=4, sectors=8)  # tiny_models.yaml scans by wind
     flags = [a for n in range(4) for a in (f"--stage{n}", str(tmp_path / f"nothing/stage{n}/best.pt"))]
-    status = main(["export-viewer", "--store", str(tiny_store), *flags,
-                   "--config", str(ROOT / "tests/workflow/tiny_models.yaml"), "--out", str(tmp_path / "v"),
-                   "--wind-cache", str(tmp_path / "w.npz")])  # fmt: skip
+    status = main(
+        [
+            "export-viewer",
+            "--store",
+            str(tiny_store),
+            *flags,
+            "--config",
+            str(ROOT / "tests/workflow/tiny_models.yaml"),
+            "--out",
+            str(tmp_path / "v"),
+            "--wind-cache",
+            str(tmp_path / "w.npz"),
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert status == 2 and len(err.splitlines()) == 1 and "best.pt" in err
     assert not (tmp_path / "v/index.html").exists()
@@ -160,5 +172,6 @@ def test_export_refuses_zero_samples(tiny_store, tmp_path):
     from vcloud.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--samples: 0"):
-        export_viewer(store=tiny_store, checkpoints={}, config_path=tmp_path / "x.yaml", out=tmp_path / "v",
-                      samples=0, seed=0)  # fmt: skip
+        export_viewer(
+            store=tiny_store, checkpoints={}, config_path=tmp_path / "x.yaml", out=tmp_path / "v", samples=0, seed=0
+        )

@@ -22,9 +22,12 @@ def _era5(path, lon0, lat0):
     u = np.broadcast_to(lon[None, None, :] * 0.5, (len(time), len(lat), len(lon)))
     v = np.broadcast_to(hours[:, None, None] * 0.001, (len(time), len(lat), len(lon)))
     ds = xr.Dataset(
-        {"u10": (("valid_time", "latitude", "longitude"), u.copy()), "v10": (("valid_time", "latitude", "longitude"), v.copy())},
+        {
+            "u10": (("valid_time", "latitude", "longitude"), u.copy()),
+            "v10": (("valid_time", "latitude", "longitude"), v.copy()),
+        },
         coords={"valid_time": time, "latitude": lat, "longitude": lon},
-    )  # fmt: skip
+    )
     ds.to_zarr(path, mode="w")
     return path
 

@@ -14,8 +14,9 @@ TINY_TREE = ["--patches", "1", "--times", "3", "--size", "32"]
 
 
 def _bench(script, *args, cwd=ROOT):
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout)
 
@@ -54,8 +55,21 @@ def test_wind_cache_benchmark_meets_its_size_target():
 
 def test_gpu_benchmark_times_every_stage_and_the_fed_loader(tiny_store):
     """On the CPU here (no GPU in CI): the small config, one timed step per stage."""
-    result = _bench("bench_gpu.py", "--config", "config/models/small.yaml", "--steps", "1", "--warmup", "1",
-                    "--store", str(tiny_store), "--feed-steps", "2", "--workers", "0")  # fmt: skip
+    result = _bench(
+        "bench_gpu.py",
+        "--config",
+        "config/models/small.yaml",
+        "--steps",
+        "1",
+        "--warmup",
+        "1",
+        "--store",
+        str(tiny_store),
+        "--feed-steps",
+        "2",
+        "--workers",
+        "0",
+    )
     stages = result["stages"]
     assert sorted(stages) == ["stage0", "stage1", "stage2", "stage3"]
     for name, figures in stages.items():

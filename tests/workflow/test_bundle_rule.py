@@ -37,8 +37,12 @@ def test_the_run_bundles_the_weights_it_evaluated_and_the_bundle_scores_alike(pi
     # evaluated from the bundle alone (no --config, no checkpoints), stage 3 scores as in the run
     out = tmp_path / "stage3.json"
     fixed = work / "results/eval/fixed_protocol.npz"
-    assert main(["evaluate", "--bundle", str(tar), "--store", str(store), "--out", str(out),
-                 "--fixed-protocol", str(fixed)]) == 0  # fmt: skip
+    assert (
+        main(
+            ["evaluate", "--bundle", str(tar), "--store", str(store), "--out", str(out), "--fixed-protocol", str(fixed)]
+        )
+        == 0
+    )
     again = json.loads(out.read_text())["protocols"]
     for name, result in report["protocols"].items():
         if "model" in result:  # the same predictions; SSIM's float sums may differ in the last digits

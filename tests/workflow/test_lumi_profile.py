@@ -166,10 +166,23 @@ def test_stale_environment_is_refused_before_anything_runs(tmp_path):
     overlay.write_text(overlay.read_text().replace(str(cluster.env_image), str(stale / "old.sqsh")))
     args = cluster.apptainer_args().replace(str(cluster.env_image), str(stale / "old.sqsh"))
     proc = snakemake(
-        ["--executor", "local", "--cores", "1", "--configfile", "config/lumi.yaml", str(overlay),
-         "--apptainer-args", args, "--", "results/prepared/rois/ROIs1868_119.zarr"],
-        tmp_path, stand_in_env(tmp_path), check=False,
-    )  # fmt: skip
+        [
+            "--executor",
+            "local",
+            "--cores",
+            "1",
+            "--configfile",
+            "config/lumi.yaml",
+            str(overlay),
+            "--apptainer-args",
+            args,
+            "--",
+            "results/prepared/rois/ROIs1868_119.zarr",
+        ],
+        tmp_path,
+        stand_in_env(tmp_path),
+        check=False,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert f"vcloud doctor: cluster.env_image: {stale / 'old.sqsh'} holds 'vcloud 0.1.0 0000000" in out
@@ -251,10 +264,18 @@ def test_rehearsal_plan_indexes_one_region_and_runs_every_gpu_rule_on_dev_g(tmp_
     for name in ("s1_africa", "s2_africa", "s1_africa_test", "s2_africa_test"):
         (raw / f"{name}.tar.gz").write_bytes(b"")
     proc = snakemake(
-        ["-n", "-p", "--configfile", "config/lumi.yaml", "config/lumi-rehearsal.yaml",
-         "--config", f"data={{raw: {raw}, rois: [ROIs1970/21, ROIs2017/22, ROIs2017/32]}}"],
-        tmp_path, stand_in_env(tmp_path),
-    )  # fmt: skip
+        [
+            "-n",
+            "-p",
+            "--configfile",
+            "config/lumi.yaml",
+            "config/lumi-rehearsal.yaml",
+            "--config",
+            f"data={{raw: {raw}, rois: [ROIs1970/21, ROIs2017/22, ROIs2017/32]}}",
+        ],
+        tmp_path,
+        stand_in_env(tmp_path),
+    )
     out = proc.stdout + proc.stderr
     counts = {}
     for line in out.splitlines():

@@ -137,15 +137,33 @@ def test_viewer_is_exported_from_the_test_split(data_run):
 def test_viewer_export_is_byte_identical_across_runs(data_run, tmp_path):
     work, _, _ = data_run
     proc = subprocess.run(
-        [sys.executable, "-m", "vcloud.cli", "export-viewer", "--store", "results/prepared/test.zarr",
-         *[a for n in range(4) for a in (f"--stage{n}", f"results/stage{n}/best.pt")],
-         "--config", SMALL["model_config"], "--out", str(tmp_path / "again"),
-         "--samples", "12", "--seed", "0", "--wind-cache", "results/wind/scan_orders.npz"],
-        cwd=work, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "vcloud.cli",
+            "export-viewer",
+            "--store",
+            "results/prepared/test.zarr",
+            *[a for n in range(4) for a in (f"--stage{n}", f"results/stage{n}/best.pt")],
+            "--config",
+            SMALL["model_config"],
+            "--out",
+            str(tmp_path / "again"),
+            "--samples",
+            "12",
+            "--seed",
+            "0",
+            "--wind-cache",
+            "results/wind/scan_orders.npz",
+        ],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
         # The rule ran with 1 thread (snakemake sets OMP_NUM_THREADS); float sums in the wind
         # mixer's layers differ in the last bit between thread counts, so rerun with the same.
         env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     first = sorted(p.relative_to(work / "results/viewer") for p in (work / "results/viewer").rglob("*.*ml"))
     first += sorted(p.relative_to(work / "results/viewer") for p in (work / "results/viewer").rglob("*.png"))

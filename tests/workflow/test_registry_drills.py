@@ -60,8 +60,9 @@ def drill_env(tmp_path, drill: str) -> dict:
 
 
 def snakemake(args, *, work, env, check=True):
-    proc = subprocess.run([*SNAKEMAKE, *args, "-d", str(work)], cwd=work, env=env, capture_output=True, text=True,
-                          timeout=1800)  # fmt: skip
+    proc = subprocess.run(
+        [*SNAKEMAKE, *args, "-d", str(work)], cwd=work, env=env, capture_output=True, text=True, timeout=1800
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc

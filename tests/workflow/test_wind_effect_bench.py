@@ -13,9 +13,21 @@ pytestmark = pytest.mark.workflow
 
 def test_wind_on_off_benchmark_prints_psnr_per_class_with_standard_errors(pipeline_run):
     work, _, _ = pipeline_run
-    proc = subprocess.run([sys.executable, str(ROOT / "bench/bench_wind_effect.py"), "--workdir", str(work),
-                           "--config", str(ROOT / "tests/workflow/tiny_models.yaml"), "--seeds", "0"],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench/bench_wind_effect.py"),
+            "--workdir",
+            str(work),
+            "--config",
+            str(ROOT / "tests/workflow/tiny_models.yaml"),
+            "--seeds",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["samples"] > 0 and result["test_images_with_wind"] == 1.0

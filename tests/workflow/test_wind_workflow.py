@@ -49,10 +49,25 @@ def test_lumi_dry_run_fetches_era5_wind_and_builds_the_cache(tmp_path):
     for roi in ("ROIs1868/119", "ROIs2017/22", "ROIs1158/119"):  # a raw tree stand-in
         (tmp_path / "raw" / roi).mkdir(parents=True)
     proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--profile", "lumi", "--directory", str(tmp_path), "-n", "-p",
-         "--config", f"data={{raw: {tmp_path / 'raw'}}}"],
-        cwd=REPO, capture_output=True, text=True, timeout=600, env=stand_in_env(tmp_path),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--profile",
+            "lumi",
+            "--directory",
+            str(tmp_path),
+            "-n",
+            "-p",
+            "--config",
+            f"data={{raw: {tmp_path / 'raw'}}}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=stand_in_env(tmp_path),
+    )
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-3000:]
     assert job_count(text, "era5_wind") == 1 and job_count(text, "wind_cache") == 1, text[-3000:]
@@ -84,10 +99,15 @@ def test_era5_wind_rule_against_a_local_store_feeds_prepare(tiny_raw_master, tmp
     source = write_arco_like(tmp_path / "arco.zarr", noon)
     config = {
         "synthetic": {"enabled": False},
-        "data": {"raw": str(tiny_raw_master), "rois": [str(roi)], "times": TINY["times"],
-                 "patch_size": TINY["size"], "wind_table": "resources/wind/era5_u10v10.zarr"},
+        "data": {
+            "raw": str(tiny_raw_master),
+            "rois": [str(roi)],
+            "times": TINY["times"],
+            "patch_size": TINY["size"],
+            "wind_table": "resources/wind/era5_u10v10.zarr",
+        },
         "wind": {"era5_source": str(source)},
-    }  # fmt: skip
+    }
     (tmp_path / "real.yaml").write_text(yaml.safe_dump(config))
     target = f"results/prepared/rois/{roi.slug}.zarr"
     run(["--cores", "1", "--configfile", "real.yaml", "-d", str(tmp_path), target], cwd=tmp_path)
