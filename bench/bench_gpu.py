@@ -146,15 +146,35 @@ def stage_figures(cfg, *, device, size, dates, batch_override, steps, warmup) ->
     # stage 0: autoencoder on the clear target image
     b, make = batch_of(cfg.stage0)
     ae = Autoencoder(cfg.stage0.model).to(device)
-    figures["stage0"] = {"batch": b, **timed_steps(
-        ae, lambda m, x: F.l1_loss(m(x["target"]), x["target"]), [p for p in ae.parameters()], cfg.stage0.train, make,
-        device=device, steps=steps, warmup=warmup)}  # fmt: skip
+    figures["stage0"] = {
+        "batch": b,
+        **timed_steps(
+            ae,
+            lambda m, x: F.l1_loss(m(x["target"]), x["target"]),
+            [p for p in ae.parameters()],
+            cfg.stage0.train,
+            make,
+            device=device,
+            steps=steps,
+            warmup=warmup,
+        ),
+    }
     # stage 1: the CFDT draft
     b, make = batch_of(cfg.stage1)
     cfdt = with_wind(cfg, CFDT(cfg.stage1.model), size).to(device)
-    figures["stage1"] = {"batch": b, **timed_steps(
-        cfdt, lambda m, x: F.l1_loss(cfdt_draft(m, x), x["target"]), [p for p in cfdt.parameters()], cfg.stage1.train,
-        make, device=device, steps=steps, warmup=warmup)}  # fmt: skip
+    figures["stage1"] = {
+        "batch": b,
+        **timed_steps(
+            cfdt,
+            lambda m, x: F.l1_loss(cfdt_draft(m, x), x["target"]),
+            [p for p in cfdt.parameters()],
+            cfg.stage1.train,
+            make,
+            device=device,
+            steps=steps,
+            warmup=warmup,
+        ),
+    }
     from vcloud.models import memory
 
     estimate = memory.estimate(cfg, dates=dates, size=size, batch=b, names=())
@@ -174,9 +194,19 @@ def stage_figures(cfg, *, device, size, dates, batch_override, steps, warmup) ->
         """Stages 2 and 3 train the refiner alike (their own batch size and lr)."""
         pipeline.train()
         b, make = batch_of(stage_cfg)
-        return {"batch": b, **timed_steps(
-            pipeline, lambda m, x: m(x), [p for p in refiner.parameters()], stage_cfg.train, make,
-            device=device, steps=steps, warmup=warmup)}  # fmt: skip
+        return {
+            "batch": b,
+            **timed_steps(
+                pipeline,
+                lambda m, x: m(x),
+                [p for p in refiner.parameters()],
+                stage_cfg.train,
+                make,
+                device=device,
+                steps=steps,
+                warmup=warmup,
+            ),
+        }
 
     figures["stage2"] = refiner_steps(cfg.stage2)
     pipeline.eval()
@@ -192,9 +222,14 @@ def stage_figures(cfg, *, device, size, dates, batch_override, steps, warmup) ->
             lambda: pipeline.sample(one, steps=steps2, seed=0), device=device, repeats=max(2, steps // 2)
         )
         seeds = cfg.stage3.self_training.sampler_seeds
-        figures["stage3"] = {"pseudo_label_s_per_sample": timed(
-            lambda: [pipeline.sample(one, steps=steps2, seed=s) for s in range(seeds)], device=device,
-            repeats=max(2, steps // 4)), "sampler_seeds": seeds}  # fmt: skip
+        figures["stage3"] = {
+            "pseudo_label_s_per_sample": timed(
+                lambda: [pipeline.sample(one, steps=steps2, seed=s) for s in range(seeds)],
+                device=device,
+                repeats=max(2, steps // 4),
+            ),
+            "sampler_seeds": seeds,
+        }
         with torch.no_grad():
             figures["stage1"]["predict_one_sample_s"] = timed(
                 lambda: cfdt_draft(cfdt, one), device=device, repeats=max(2, steps // 2)
@@ -206,10 +241,15 @@ def stage_figures(cfg, *, device, size, dates, batch_override, steps, warmup) ->
     cfdt.requires_grad_(True)
     refiner.requires_grad_(False)
     student = DraftUnderRefiner(
-        cfdt, refiner, timesteps=m2.timesteps, schedule=m2.schedule, ensemble=m2.ensemble,
-        keep_seen_max_prob=cfg.data.keep_seen_max_prob, loss_on=cfg.stage3.self_training.loss_on,
+        cfdt,
+        refiner,
+        timesteps=m2.timesteps,
+        schedule=m2.schedule,
+        ensemble=m2.ensemble,
+        keep_seen_max_prob=cfg.data.keep_seen_max_prob,
+        loss_on=cfg.stage3.self_training.loss_on,
         grad_steps=cfg.stage3.self_training.grad_steps,
-    ).to(device)  # fmt: skip
+    ).to(device)
     for stage in STAGES:
         section = getattr(cfg, stage.model_section).model
         if stage.number <= 2:
@@ -219,9 +259,22 @@ def stage_figures(cfg, *, device, size, dates, batch_override, steps, warmup) ->
         elif type(section).__name__ == "CFDTConfig":
             b, make = batch_of(getattr(cfg, stage.name))
             student.train()
-            figures.setdefault(stage.name, {}).update({"batch": b, "loss_on": student.loss_on, **timed_steps(
-                student, lambda m, x: F.l1_loss(m(x), x["target"]), [p for p in cfdt.parameters()],
-                getattr(cfg, stage.name).train, make, device=device, steps=steps, warmup=warmup)})  # fmt: skip
+            figures.setdefault(stage.name, {}).update(
+                {
+                    "batch": b,
+                    "loss_on": student.loss_on,
+                    **timed_steps(
+                        student,
+                        lambda m, x: F.l1_loss(m(x), x["target"]),
+                        [p for p in cfdt.parameters()],
+                        getattr(cfg, stage.name).train,
+                        make,
+                        device=device,
+                        steps=steps,
+                        warmup=warmup,
+                    ),
+                }
+            )
     for fig in figures.values():
         if "step_s_median" in fig:
             fig["samples_per_s"] = round(fig["batch"] / fig["step_s_median"], 2)
@@ -239,8 +292,16 @@ def fed_from_store(cfg, store: Path, *, device, size, steps) -> dict:
     d = cfg.data
     b = cfg.stage1.train.batch_size
     warmup = max(2, d.num_workers * d.prefetch_factor)  # worker start-up is not throughput
-    dataset = CloudySamples(store, dates=d.input_dates, length=(warmup + steps) * b, seed=0, crop=d.crop,
-                            clear_max_cover=1.01, raw=True, detect=detect_on(device))  # fmt: skip
+    dataset = CloudySamples(
+        store,
+        dates=d.input_dates,
+        length=(warmup + steps) * b,
+        seed=0,
+        crop=d.crop,
+        clear_max_cover=1.01,
+        raw=True,
+        detect=detect_on(device),
+    )
     loader = DataLoader(dataset, sampler=range(len(dataset)), **loader_kwargs(d, batch_size=b))
     cfdt = with_wind(cfg, CFDT(cfg.stage1.model), size).to(device)
     optimizer = optim.build_optimizer(cfdt.parameters(), cfg.stage1.train)
@@ -310,12 +371,13 @@ def main() -> None:
         "dates": dates,
         "stages": stage_figures(
             cfg, device=device, size=size, dates=dates, batch_override=args.batch, steps=args.steps, warmup=args.warmup
-        ),  # fmt: skip
+        ),
         "seed_field_rate_mi250x_gcd": SEED_FIELD_RATE,
     }
     if args.store:
-        result["stage1_fed_from_store"] = fed_from_store(cfg, args.store, device=device, size=size,
-                                                         steps=args.feed_steps)  # fmt: skip
+        result["stage1_fed_from_store"] = fed_from_store(
+            cfg, args.store, device=device, size=size, steps=args.feed_steps
+        )
     emit(result)
 
 

@@ -67,20 +67,40 @@ def main() -> None:
     shutil.rmtree(out, ignore_errors=True)
     timings: dict = {}
     start = time.perf_counter()
-    predict(store=store, out=out, stage=args.stage, checkpoints={n: checkpoints[n] for n in range(1, args.stage + 1)},
-            config_path=config, draws=args.draws, batch_size=args.batch_size, device=args.device,
-            min_cover=args.min_cover, timings=timings)  # fmt: skip
+    predict(
+        store=store,
+        out=out,
+        stage=args.stage,
+        checkpoints={n: checkpoints[n] for n in range(1, args.stage + 1)},
+        config_path=config,
+        draws=args.draws,
+        batch_size=args.batch_size,
+        device=args.device,
+        min_cover=args.min_cover,
+        timings=timings,
+    )
     wall = time.perf_counter() - start
     outputs = timings["outputs"]
     loop = timings["read"] + timings["model"] + timings["write"]
-    emit({
-        "benchmark": "predict", "config": str(args.config), "stage": args.stage, "device": args.device,
-        "threads": torch.get_num_threads(), "patch": args.size, "dates": args.times, "locations": args.patches,
-        "batch_size": args.batch_size, "draws": args.draws, "outputs": outputs, "wall_s": round(wall, 2),
-        "outputs_per_s": round(outputs / wall, 3),
-        "share": {name: round(timings[name] / loop, 3) for name in ("read", "model", "write")},
-        "setup_s": round(wall - loop, 2),
-    })  # fmt: skip
+    emit(
+        {
+            "benchmark": "predict",
+            "config": str(args.config),
+            "stage": args.stage,
+            "device": args.device,
+            "threads": torch.get_num_threads(),
+            "patch": args.size,
+            "dates": args.times,
+            "locations": args.patches,
+            "batch_size": args.batch_size,
+            "draws": args.draws,
+            "outputs": outputs,
+            "wall_s": round(wall, 2),
+            "outputs_per_s": round(outputs / wall, 3),
+            "share": {name: round(timings[name] / loop, 3) for name in ("read", "model", "write")},
+            "setup_s": round(wall - loop, 2),
+        }
+    )
 
 
 if __name__ == "__main__":

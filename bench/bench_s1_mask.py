@@ -79,13 +79,24 @@ def main() -> None:
             if step >= 3:  # warm-up
                 times[name].append(seconds)
     medians = {name: statistics.median(values) for name, values in times.items()}
-    print(json.dumps({
-        "config": str(args.config), "batch": args.batch, "dates": args.dates, "size": args.size,
-        "steps": args.steps, "device": str(device), "threads": torch.get_num_threads(),
-        "median_step_s": {k: round(v, 4) for k, v in medians.items()},
-        "ratio": round(medians["with_validity_channel"] / medians["without_validity_channel"], 4),
-        "date": time.strftime("%Y-%m-%d"), "machine": platform.machine(),
-    }, indent=1))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "config": str(args.config),
+                "batch": args.batch,
+                "dates": args.dates,
+                "size": args.size,
+                "steps": args.steps,
+                "device": str(device),
+                "threads": torch.get_num_threads(),
+                "median_step_s": {k: round(v, 4) for k, v in medians.items()},
+                "ratio": round(medians["with_validity_channel"] / medians["without_validity_channel"], 4),
+                "date": time.strftime("%Y-%m-%d"),
+                "machine": platform.machine(),
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

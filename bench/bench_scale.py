@@ -30,11 +30,9 @@ from vcloud.data.layout import RoiId  # noqa: E402
 ROI = RoiId("ROIs1970", 119)  # a europa train ROI: s1_europa.tar.gz, s2_europa.tar.gz
 # Archive sizes from util/dl_data.sh (1 kB units; they add up to ~1.2 TiB, FIELD-FACTS.md).
 DL_KB = {
-    "s2": [98233900, 110245004, 113948560, 96082796, 196669740,
-           25421744, 25421824, 40534760, 15012924, 79568460],
-    "s1": [60544524, 67947416, 70230104, 59218848, 121213836,
-           15668120, 15668160, 24982736, 9252904, 49040432],
-}  # fmt: skip
+    "s2": [98233900, 110245004, 113948560, 96082796, 196669740, 25421744, 25421824, 40534760, 15012924, 79568460],
+    "s1": [60544524, 67947416, 70230104, 59218848, 121213836, 15668120, 15668160, 24982736, 9252904, 49040432],
+}
 FULL_ROIS = 53
 LUMI_CORES_PER_NODE = 128  # LUMI-C (standard/small partitions)
 QUOTAS = {"scratch": {"bytes": 50e12, "files": 2_000_000}, "projappl": {"bytes": 50e9, "files": 100_000}}
@@ -45,8 +43,15 @@ def _child(args: argparse.Namespace) -> None:
     from vcloud.data.prepare import prepare_roi
 
     start = time.perf_counter()
-    prepare_roi(raw=args.raw, roi=ROI, out=args.out, times=args.times, size=args.size,
-                workers=args.workers, index_dir=args.index_dir)  # fmt: skip
+    prepare_roi(
+        raw=args.raw,
+        roi=ROI,
+        out=args.out,
+        times=args.times,
+        size=args.size,
+        workers=args.workers,
+        index_dir=args.index_dir,
+    )
     seconds = time.perf_counter() - start
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu = usage.ru_utime + usage.ru_stime  # robust to a busy machine, unlike wall time
@@ -54,8 +59,23 @@ def _child(args: argparse.Namespace) -> None:
 
 
 def _prepare(raw: Path, out: Path, index_dir: Path, args, workers: int) -> dict:
-    cmd = [sys.executable, __file__, "--child", "--raw", str(raw), "--out", str(out), "--workers", str(workers),
-           "--index-dir", str(index_dir), "--times", str(args.times), "--size", str(args.size)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--raw",
+        str(raw),
+        "--out",
+        str(out),
+        "--workers",
+        str(workers),
+        "--index-dir",
+        str(index_dir),
+        "--times",
+        str(args.times),
+        "--size",
+        str(args.size),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -82,8 +102,7 @@ def main() -> None:
 
     raw = args.workdir / f"archives_{args.patches}x{args.times}x{args.size}"
     if not (raw / "s2_europa.tar.gz").is_file():
-        write_raw_tree(raw, rois=[ROI], patches=args.patches, times=args.times, size=args.size, seed=0,
-                       archives=True)  # fmt: skip
+        write_raw_tree(raw, rois=[ROI], patches=args.patches, times=args.times, size=args.size, seed=0, archives=True)
     index_dir = args.workdir / "index"
     shutil.rmtree(index_dir, ignore_errors=True)
     archive_bytes = sum((raw / f"{k}_europa.tar.gz").stat().st_size for k in ("s1", "s2"))

@@ -48,13 +48,22 @@ def main() -> None:
     # Explicit paths win; the defaults are the default run's layout (the folders train_stage<n> write).
     ckpt = {s.number: getattr(args, s.name) or args.results / s.folder / "best.pt" for s in STAGES}
     store = args.store or args.results / "prepared/test.zarr"
-    wind = load_wind_orders(cfg, store=store, wind_cache=args.wind_cache or args.results / "wind/scan_orders.npz",
-                            world_size=1, command="bench_stages.py")  # fmt: skip
+    wind = load_wind_orders(
+        cfg,
+        store=store,
+        wind_cache=args.wind_cache or args.results / "wind/scan_orders.npz",
+        world_size=1,
+        command="bench_stages.py",
+    )
     torch.manual_seed(0)
     samples = CloudySamples(
-        store, dates=cfg.data.input_dates, length=args.samples,
-        seed=TEST_SEED, clear_max_cover=cfg.data.clear_target_max_cover, kinds=EVAL_KINDS,
-    )  # fmt: skip
+        store,
+        dates=cfg.data.input_dates,
+        length=args.samples,
+        seed=TEST_SEED,
+        clear_max_cover=cfg.data.clear_target_max_cover,
+        kinds=EVAL_KINDS,
+    )
     methods = {
         "least_cloudy_date": lambda b: least_cloudy(b["x"], b["target_index"]),
         "median_mosaic": lambda b: median_mosaic(b["x"], b["target_index"]),
@@ -81,9 +90,19 @@ def main() -> None:
             "data_wait_fraction": round(last["data_wait_fraction"], 4),
             "epoch_s": round(last["epoch_s"], 1),
         }
-    print(json.dumps({"benchmark": "stages", "test_samples": len(samples), "config": str(args.config),
-                      "quality": results, "training": training, "date": time.strftime("%Y-%m-%d")},
-                     indent=2))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "benchmark": "stages",
+                "test_samples": len(samples),
+                "config": str(args.config),
+                "quality": results,
+                "training": training,
+                "date": time.strftime("%Y-%m-%d"),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

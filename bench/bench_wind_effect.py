@@ -36,9 +36,25 @@ def ensure_splits(workdir: Path, configfile: Path | None) -> dict[str, Path]:
     stores = {split: workdir / "results" / "prepared" / f"{split}.zarr" for split in SPLITS}
     if not all(path.is_dir() for path in stores.values()):
         extra = ["--configfile", str(configfile)] if configfile else []
-        subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--cores", "all",
-                        "-d", str(workdir), *extra, *(str(p.relative_to(workdir)) for p in stores.values())],
-                       cwd=workdir, check=True, capture_output=True, text=True)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "snakemake",
+                "-s",
+                str(ROOT / "Snakefile"),
+                "--cores",
+                "all",
+                "-d",
+                str(workdir),
+                *extra,
+                *(str(p.relative_to(workdir)) for p in stores.values()),
+            ],
+            cwd=workdir,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
     return stores
 
 
@@ -59,8 +75,11 @@ def class_stats(psnr: np.ndarray, classes: np.ndarray) -> dict:
         values = psnr if name == "all" else psnr[classes == name]
         if values.size:
             se = float(values.std(ddof=1) / np.sqrt(values.size)) if values.size > 1 else None
-            stats[name] = {"psnr": round(float(values.mean()), 3), "se": None if se is None else round(se, 3),
-                           "n": int(values.size)}  # fmt: skip
+            stats[name] = {
+                "psnr": round(float(values.mean()), 3),
+                "se": None if se is None else round(se, 3),
+                "n": int(values.size),
+            }
     return stats
 
 
@@ -98,12 +117,24 @@ def main() -> None:
             folder = bench / f"{name}_seed{seed}"
             config = variant_config(args.config, folder / "model.yaml", wind_scan=wind_scan, seed=seed)
             start = time.perf_counter()
-            run_training(stage=1, config_path=config, train=stores["train"], val=stores["val"],
-                         out=folder / "stage1", wind_cache=cache if wind_scan else None, progress=False)  # fmt: skip
+            run_training(
+                stage=1,
+                config_path=config,
+                train=stores["train"],
+                val=stores["val"],
+                out=folder / "stage1",
+                wind_cache=cache if wind_scan else None,
+                progress=False,
+            )
             train_s[name].append(time.perf_counter() - start)
-            report = evaluate(stage=1, store=stores["test"], out=folder / "eval.json",
-                              checkpoints={1: folder / "stage1" / "best.pt"},
-                              config_path=config, wind_cache=cache if wind_scan else None)  # fmt: skip
+            report = evaluate(
+                stage=1,
+                store=stores["test"],
+                out=folder / "eval.json",
+                checkpoints={1: folder / "stage1" / "best.pt"},
+                config_path=config,
+                wind_cache=cache if wind_scan else None,
+            )
             fixed = report["protocols"]["fixed"]
             psnr[name].append(np.asarray(fixed["model"]["per_sample"]["psnr"], dtype=np.float64))
             classes = np.asarray(fixed["cloud_class"])
