@@ -29,7 +29,7 @@ import os
 import random
 import signal
 from collections import OrderedDict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -74,7 +74,7 @@ def checkpoint_meta(*, stage: int, config_hash: str, resume_key: str | None = No
         "stage": int(stage),
         "config_hash": str(config_hash),
         "resume_key": str(resume_key or config_hash),
-        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
 
