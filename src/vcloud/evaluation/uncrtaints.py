@@ -430,7 +430,7 @@ class Item:
 class UncrtaintsSamples(Dataset):
     """Protocol `uncrtaints` on a prepared store: one sample per location, as the reference.
 
-    Batch keys as evaluate.ReferenceSamples: x (T, 16, H, W), days, target_index (the slot the
+    Batch keys as evaluate.ReferenceSamples: x (T, 17, H, W), days, target_index (the slot the
     model reconstructs: the input nearest in time to the target), target_s1, target_prob,
     target (the target date's S2), wind and cloud_class (of the slot's date), location; plus
     target_in_inputs and coverage_match (the reference's flag).

@@ -94,7 +94,7 @@ def _numpy(tensor: torch.Tensor) -> np.ndarray:
 
 def _layers(batch: dict, outputs: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     """The quicklooks of one sample (batch of one) as (H, W, 3) uint8 arrays."""
-    x = _numpy(batch["x"][0])  # (T, 16, H, W): 13 S2, 2 S1, cloud probability
+    x = _numpy(batch["x"][0])  # (T, 17, H, W): 13 S2, 2 S1, S1 validity, cloud probability
     target = int(batch["target_index"][0])
     truth = _numpy(batch["target"][0])
     output = _numpy(outputs[LAST][0])

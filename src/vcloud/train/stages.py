@@ -286,7 +286,7 @@ def fit_refiner_statistics(
         total += residual.sum(dim=(0, 2, 3))
         squares += (residual**2).sum(dim=(0, 2, 3))
         count += residual[:, 0].numel()
-        x = batch["x"].double().cpu()  # (1, T, 16, H, W): 13 S2, 2 S1, cloud probability
+        x = batch["x"].double().cpu()  # (1, T, 17, H, W): 13 S2, 2 S1, S1 validity, cloud probability (last)
         cloudy = x[:, :, -1] >= CLOUD_MIN_PROB  # (1, T, H, W)
         cloud_sum += x[:, :, S2_CHANNELS].permute(2, 0, 1, 3, 4)[:, cloudy].sum(dim=1)
         cloud_count += int(cloudy.sum())
