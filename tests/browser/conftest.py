@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.system import SCRIPT, unavailable
+from tests.system import SCRIPT, require_module, unavailable
 
 BROWSERS = ("chromium", "chromium-browser")
 DRIVERS = ("chromedriver", "chromium-driver")
@@ -53,7 +53,7 @@ def chromium() -> tuple[str, str]:
 @pytest.fixture(scope="session")
 def browser(chromium):
     """One headless Chromium for the session, with the console log captured."""
-    webdriver = pytest.importorskip("selenium.webdriver")
+    webdriver = require_module("selenium.webdriver")  # skip, or fail under CI=true
     from selenium.webdriver.chrome.service import Service
 
     binary, driver_path = chromium

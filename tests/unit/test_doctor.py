@@ -6,12 +6,12 @@ import copy
 import dataclasses
 import math
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.system import require
 from vcloud.config import load_model_config
 from vcloud.runtime.doctor import Report, bound_paths, check_memory, preflight
 from vcloud.runtime.lumi import Cluster
@@ -417,9 +417,9 @@ def test_memory_above_one_gcd(base, model_set):
 
 
 @pytest.mark.slow  # over 10 s: docs/contributing.md, test tiers
-@pytest.mark.skipif(shutil.which("vcloud") is None, reason="vcloud not installed")
 def test_cli_exits_nonzero_with_one_line_per_problem(tmp_path):
     """The shipped placeholder account fails the pre-flight from the command line."""
+    require("the vcloud command", "vcloud", install="pip install -e . installs it")
     out = subprocess.run(
         [
             "vcloud",

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from tests.system import require_module
 
 ROOT = Path(__file__).parents[2]
 FOLDERS = ("src", "tests", "bench")
@@ -16,10 +16,7 @@ def _ruff() -> list[str]:
     found = shutil.which("ruff")
     if found:
         return [found]
-    try:
-        import ruff  # noqa: F401  (the wheel ships the binary; python -m ruff runs it)
-    except ImportError:
-        pytest.skip("ruff is not installed (pip install -e '.[test]' installs it)")
+    require_module("ruff")  # the wheel ships the binary; python -m ruff runs it (skip, or fail under CI=true)
     return [sys.executable, "-m", "ruff"]
 
 

@@ -23,6 +23,23 @@ def _command(store, out, ckpt) -> list[str]:
     return [sys.executable, "-m", "vcloud.cli", *predict_args(store, out, ckpt, *EXTRA)]
 
 
+# The run to be killed stops itself (SIGSTOP) as soon as its first partial manifest is written,
+# i.e. once the first batch's files are whole: the SIGKILL then lands mid-run every time. Timed by
+# polling alone, a run could finish before the kill, and the test used to skip then.
+STOP_AFTER_FIRST_BATCH = """
+import os, signal, sys
+import vcloud.apply.run as run
+from vcloud.cli import main
+write = run.write_manifest
+def write_then_stop(out, manifest, *, final=False):
+    write(out, manifest, final=final)
+    if not final:
+        os.kill(os.getpid(), signal.SIGSTOP)
+run.write_manifest = write_then_stop
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}  # as the one_thread fixture, in the child
 
 
@@ -39,19 +56,20 @@ def test_killed_run_resumes_with_identical_files_redoing_only_unfinished(tiny_st
     assert main(predict_args(tiny_store, reference, ckpt, *EXTRA)) == 0
 
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        _command(tiny_store, out, ckpt), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ONE_THREAD
-    )
+    stopping = [sys.executable, "-c", STOP_AFTER_FIRST_BATCH, *predict_args(tiny_store, out, ckpt, *EXTRA)]
+    log = tmp_path / "killed-run.log"
+    with log.open("w") as stderr:
+        proc = subprocess.Popen(stopping, stdout=subprocess.DEVNULL, stderr=stderr, env=ONE_THREAD)
     deadline = time.monotonic() + 120
     while not (out / "manifest.partial.json").exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)  # the manifest appears once the first batch's files are whole
-    os.kill(proc.pid, signal.SIGKILL)
+    os.kill(proc.pid, signal.SIGKILL)  # stopped after its first batch, or about to stop: it cannot finish
     proc.wait()
-    if proc.returncode == 0 or (out / "manifest.json").exists():
-        pytest.skip("the run finished before the kill landed")
-    assert proc.returncode == -signal.SIGKILL
+    assert proc.returncode == -signal.SIGKILL, log.read_text()[-2000:]
+    assert (out / "manifest.partial.json").exists() and not (out / "manifest.json").exists(), log.read_text()[-2000:]
     manifest = json.loads((out / "manifest.partial.json").read_text())
     done = [name for name, entry in manifest["outputs"].items() if entry["status"] == "done"]
+    assert len(done) == 1  # the first batch (one image), every time
     kept = {
         path: (p.stat().st_ino, p.stat().st_mtime_ns)
         for path, p in _files(out).items()
