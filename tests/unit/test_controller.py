@@ -139,7 +139,7 @@ def test_the_controller_cleans_up_runs_snakemake_and_stops_cleanly_at_the_warnin
     command += ["--script", str(tmp_path / "controller.sh"), "--grace", "5", "--", "--configfile", "extra.yaml"]
     proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     started = Path(str(slurm["calls"]) + ".started")
-    for _ in range(200):
+    for _ in range(600):  # up to 60 s on a loaded machine
         if started.exists():
             break
         time.sleep(0.1)
