@@ -123,11 +123,15 @@ class Stage:
 # config/config.yaml) and "cluster" (config/lumi.yaml: one LUMI GCD on small-g; runtime in
 # minutes; epoch_minutes, the configured estimate of an epoch, sets the training retries).
 DEFAULT_RESOURCES = {
-    "train": {"local": {"runtime": 60, "mem_mb": 4000, "threads": 2},
-              "cluster": {"runtime": 4320, "mem_mb_per_gpu": 60000, "threads": 7, "partition": "small-g", "gpus": 1}},
-    "evaluate": {"local": {"runtime": 60, "mem_mb": 4000, "threads": 1},
-                 "cluster": {"runtime": 240, "mem_mb_per_gpu": 60000, "threads": 7, "partition": "small-g", "gpus": 1}},
-}  # fmt: skip
+    "train": {
+        "local": {"runtime": 60, "mem_mb": 4000, "threads": 2},
+        "cluster": {"runtime": 4320, "mem_mb_per_gpu": 60000, "threads": 7, "partition": "small-g", "gpus": 1},
+    },
+    "evaluate": {
+        "local": {"runtime": 60, "mem_mb": 4000, "threads": 1},
+        "cluster": {"runtime": 240, "mem_mb_per_gpu": 60000, "threads": 7, "partition": "small-g", "gpus": 1},
+    },
+}
 
 
 def _on_lumi(**train) -> dict:
@@ -142,28 +146,61 @@ _PREDICTORS = "vcloud.evaluation.predict"
 # evaluate_stage0 evaluate_stage1 evaluate_stage2 evaluate_stage3 (workflow/rules/export.smk).
 STAGES: tuple[Stage, ...] = (
     # stage 0: autoencoder of clear S2 images; scored on reconstructing the ground truth
-    Stage(0, upstream=(), predictor_needs=(0,), reads_wind=False,
-          builder=f"{_BUILDERS}:stage0", predictor=f"{_PREDICTORS}:autoencoder",
-          label="reconstruction of clear target"),
+    Stage(
+        0,
+        upstream=(),
+        predictor_needs=(0,),
+        reads_wind=False,
+        builder=f"{_BUILDERS}:stage0",
+        predictor=f"{_PREDICTORS}:autoencoder",
+        label="reconstruction of clear target",
+    ),
     # stage 1: CFDT draft over T dates; its per-date encoder's first level starts from stage 0's
     # autoencoder when stage1.init_from_stage0 (both shipped configs)
-    Stage(1, upstream=(), predictor_needs=(1,), reads_wind=True,
-          builder=f"{_BUILDERS}:stage1", predictor=f"{_PREDICTORS}:draft", needs_device=True,
-          viewer_label="stage 1 draft", validates_natural=True, init_from=0,
-          label="draft"),
+    Stage(
+        1,
+        upstream=(),
+        predictor_needs=(1,),
+        reads_wind=True,
+        builder=f"{_BUILDERS}:stage1",
+        predictor=f"{_PREDICTORS}:draft",
+        needs_device=True,
+        viewer_label="stage 1 draft",
+        validates_natural=True,
+        init_from=0,
+        label="draft",
+    ),
     # stage 2: pixel-space diffusion refiner of the frozen stage-1 draft (stage 0 not used)
-    Stage(2, upstream=(1,), predictor_needs=(1, 2), reads_wind=True,
-          builder=f"{_BUILDERS}:stage2", predictor=f"{_PREDICTORS}:refined", needs_device=True,
-          viewer_label="stage 2 refined", validates_natural=True,
-          label="refined"),
+    Stage(
+        2,
+        upstream=(1,),
+        predictor_needs=(1, 2),
+        reads_wind=True,
+        builder=f"{_BUILDERS}:stage2",
+        predictor=f"{_PREDICTORS}:refined",
+        needs_device=True,
+        viewer_label="stage 2 refined",
+        validates_natural=True,
+        label="refined",
+    ),
     # stage 3: self-training on natural clouds (teacher: stages 1-2); the student is the stage-1
     # CFDT draft model, fine-tuned on simulated clouds, kept pseudo-labels and natural pairs under
     # the frozen stage-2 refiner; predicts as its own draft refined by stage 2
-    Stage(3, upstream=(1, 2), predictor_needs=(2, 3), reads_wind=True,
-          builder=f"{_BUILDERS}:stage3", predictor=f"{_PREDICTORS}:redrafted", needs_device=True,
-          viewer_label="stage 3 output", trains="stage1", validates_natural=True,
-          label="self-trained", resources=_on_lumi(runtime=2880)),
-)  # fmt: skip
+    Stage(
+        3,
+        upstream=(1, 2),
+        predictor_needs=(2, 3),
+        reads_wind=True,
+        builder=f"{_BUILDERS}:stage3",
+        predictor=f"{_PREDICTORS}:redrafted",
+        needs_device=True,
+        viewer_label="stage 3 output",
+        trains="stage1",
+        validates_natural=True,
+        label="self-trained",
+        resources=_on_lumi(runtime=2880),
+    ),
+)
 
 STAGE_NUMBERS: tuple[int, ...] = tuple(stage.number for stage in STAGES)
 VIEWER_STAGES: tuple[int, ...] = tuple(stage.number for stage in STAGES if stage.viewer_label)

@@ -74,11 +74,27 @@ def cpu_core_hours(entry: dict) -> float:
 # prepare_roi per ROI; train, val and test assembled; the report rules are local (login node);
 # synthetic data and predict are off.
 LUMI_JOBS = {
-    "synth_raw": 0, "index_archive": 20, "prepare_roi": 53, "assemble_split": 3, "wind_cache": 1,
-    "train_stage0": 1, "train_stage1": 1, "train_stage2": 1, "train_stage3": 1, "fixed_protocol": 1,
-    "evaluate_stage0": 1, "evaluate_stage1": 1, "evaluate_stage2": 1, "evaluate_stage3": 1,
-    "export_viewer": 1, "predict": 0, "bundle": 0, "report_curves": 0, "report_tables": 0, "accounting": 0,
-}  # fmt: skip
+    "synth_raw": 0,
+    "index_archive": 20,
+    "prepare_roi": 53,
+    "assemble_split": 3,
+    "wind_cache": 1,
+    "train_stage0": 1,
+    "train_stage1": 1,
+    "train_stage2": 1,
+    "train_stage3": 1,
+    "fixed_protocol": 1,
+    "evaluate_stage0": 1,
+    "evaluate_stage1": 1,
+    "evaluate_stage2": 1,
+    "evaluate_stage3": 1,
+    "export_viewer": 1,
+    "predict": 0,
+    "bundle": 0,
+    "report_curves": 0,
+    "report_tables": 0,
+    "accounting": 0,
+}
 
 
 def hand_bill(config: dict, model_set) -> dict[str, tuple[int, str, float, float]]:
@@ -178,8 +194,15 @@ def test_the_bill_of_lumi_yaml_adds_up_job_by_job(base, model_set, tmp_path, mon
 def test_a_measured_epoch_time_moves_the_expected_bill_not_the_price(base, model_set, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     good_a, good_p = good_args(base)
-    report = preflight(base, model_set, apptainer_args=good_a, precommand=good_p, train_inputs=ALL_INPUTS,
-                       memory=False, epoch_minutes={"train_stage1": 60.0})  # fmt: skip
+    report = preflight(
+        base,
+        model_set,
+        apptainer_args=good_a,
+        precommand=good_p,
+        train_inputs=ALL_INPUTS,
+        memory=False,
+        epoch_minutes={"train_stage1": 60.0},
+    )
     line = next(x for x in report.lines if x.startswith("  train_stage1 ") and "GPU-h/h" in x)
     # 100 epochs x 60 min = 100 h: 2 jobs of 72 h (68.8 h of training each), 2 starts.
     assert "100 epochs x 60.0 min measured + 2 x 10 min start" in line, line
@@ -370,8 +393,9 @@ def test_multinode_on_standard_g_passes(base, model_set):
     report = run(config, model_set)
     assert report.errors == []
     per_hour = lumi_gpu_hours(config["resources"]["train_stage1"], partition_full=True) / 48  # 4 x 4 nodes
-    assert any(line.startswith("  train_stage1 ") and f"x {per_hour:g} GPU-h/h [4 x 4 nodes]" in line
-               for line in report.lines)  # fmt: skip
+    assert any(
+        line.startswith("  train_stage1 ") and f"x {per_hour:g} GPU-h/h [4 x 4 nodes]" in line for line in report.lines
+    )
     assert printed_totals(report) == pytest.approx(hand_totals(config, model_set), abs=0.1)
 
 

@@ -211,9 +211,12 @@ def test_summary_fails_without_the_resume_or_the_transport(tmp_path):
 
     _fake_run(tmp_path / "results", tmp_path / "logs", resumed=False)
     summary = rehearsal.summarize(
-        results=tmp_path / "results", logs=tmp_path / "logs", stamp=None, miopen_cache=None,
+        results=tmp_path / "results",
+        logs=tmp_path / "logs",
+        stamp=None,
+        miopen_cache=None,
         transport=tmp_path / "missing.json",
-    )  # fmt: skip
+    )
     assert not summary["passed"]
     assert summary["problems"] == [
         "no stage resumed after the forced wall-time warning (resources.<rule>.rehearse_warning)",

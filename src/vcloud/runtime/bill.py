@@ -216,10 +216,18 @@ def rule_bills(
         bill = billing(res, part, cluster)
         bills.append(
             RuleBill(
-                rule, jobs, why, unit=bill.unit, per_hour=bill.per_hour, formula=bill.formula,
-                expected_hours=hours, basis=basis, attempts=retries + 1, runtime_hours=res.runtime / 60,
+                rule,
+                jobs,
+                why,
+                unit=bill.unit,
+                per_hour=bill.per_hour,
+                formula=bill.formula,
+                expected_hours=hours,
+                basis=basis,
+                attempts=retries + 1,
+                runtime_hours=res.runtime / 60,
             )
-        )  # fmt: skip
+        )
     return bills, problems
 
 

@@ -109,8 +109,15 @@ def raw_budget(config: dict, budget: Budget) -> dict:
         for text in config["synthetic"]["rois"]:
             locations[parse_roi(text)] = config["synthetic"]["patches"]
         n = sum(locations.values())
-        budget.items.append(Item("raw (synthetic)", _raw_paths(config)[0], 2 * n * times + 20,
-                                 n * times * image_bytes(size), estimated=True))  # fmt: skip
+        budget.items.append(
+            Item(
+                "raw (synthetic)",
+                _raw_paths(config)[0],
+                2 * n * times + 20,
+                n * times * image_bytes(size),
+                estimated=True,
+            )
+        )
         return locations
     for raw in _raw_paths(config):
         if not raw.exists():
@@ -156,10 +163,19 @@ def raw_budget(config: dict, budget: Budget) -> dict:
                 locations[roi] = max(locations.get(roi, 0), per_roi)
             points = images * per_image * 2 // (4 << 20) + 1
             index_file = index_path(archive, index_dir)
-            budget.items.append(Item("archive indexes", index_file, 1,
-                                     points * INDEX_POINT_BYTES + images * INDEX_MEMBER_BYTES, estimated=True))  # fmt: skip
-            budget.notes.append(f"{archive.name}: no index yet, locations estimated from its size "
-                                f"(exact after `vcloud index --index-dir {index_dir} {archive}`)")  # fmt: skip
+            budget.items.append(
+                Item(
+                    "archive indexes",
+                    index_file,
+                    1,
+                    points * INDEX_POINT_BYTES + images * INDEX_MEMBER_BYTES,
+                    estimated=True,
+                )
+            )
+            budget.notes.append(
+                f"{archive.name}: no index yet, locations estimated from its size "
+                f"(exact after `vcloud index --index-dir {index_dir} {archive}`)"
+            )
     return locations
 
 
@@ -207,21 +223,42 @@ def data_budget(config: dict, model_set=None) -> Budget:
     budget.locations, budget.rois = locations, len(wanted)
     prepared = Path(paths["prepared"])
     per_location = location_bytes(data["patch_size"], data["times"])
-    budget.items.append(Item("prepared stores (per ROI)", prepared / "rois",
-                             FILES_PER_LOCATION * locations + (STORE_METADATA_FILES + 1) * len(wanted),
-                             per_location * locations, estimated=True))  # fmt: skip
-    budget.items.append(Item("prepared stores (split views)", prepared, STORE_METADATA_FILES * len(SPLITS),
-                             len(SPLITS) << 20, estimated=True))  # fmt: skip
+    budget.items.append(
+        Item(
+            "prepared stores (per ROI)",
+            prepared / "rois",
+            FILES_PER_LOCATION * locations + (STORE_METADATA_FILES + 1) * len(wanted),
+            per_location * locations,
+            estimated=True,
+        )
+    )
+    budget.items.append(
+        Item(
+            "prepared stores (split views)",
+            prepared,
+            STORE_METADATA_FILES * len(SPLITS),
+            len(SPLITS) << 20,
+            estimated=True,
+        )
+    )
     results = Path(paths["results"])
     checkpoint = _checkpoint_bytes(model_set, budget)
     viewer = config.get("viewer", {}).get("samples", 12) * VIEWER_FILES_PER_SAMPLE + 3
-    budget.items.append(Item("checkpoints, metrics, evaluation", results, len(STAGES) * RESULT_FILES_PER_STAGE,
-                             2 * sum(checkpoint.values()), estimated=True))  # fmt: skip
+    budget.items.append(
+        Item(
+            "checkpoints, metrics, evaluation",
+            results,
+            len(STAGES) * RESULT_FILES_PER_STAGE,
+            2 * sum(checkpoint.values()),
+            estimated=True,
+        )
+    )
     budget.items.append(Item("viewer and report", results, viewer + 12, viewer << 16, estimated=True))
     archives = sum(1 for item in budget.items if item.what == "raw archives")
     jobs = len(wanted) + archives + len(SPLITS) + 4 + 4 + 5
-    budget.items.append(Item("logs and benchmarks", Path("logs"), LOG_FILES_PER_JOB * jobs,
-                             LOG_BYTES_PER_JOB * jobs, estimated=True))  # fmt: skip
+    budget.items.append(
+        Item("logs and benchmarks", Path("logs"), LOG_FILES_PER_JOB * jobs, LOG_BYTES_PER_JOB * jobs, estimated=True)
+    )
     return budget
 
 
@@ -238,8 +275,10 @@ def _checkpoint_bytes(model_set, budget: Budget) -> dict[str, int]:
             return {stage.name: CHECKPOINT_BYTES_PER_PARAM * counts[stage.model_section] for stage in STAGES}
         except ImportError:  # torch is not on a LUMI login node
             pass
-    budget.notes.append(f"checkpoints: parameters not counted (no torch here); {CHECKPOINT_FALLBACK_BYTES >> 30} "
-                        "GiB per checkpoint assumed")  # fmt: skip
+    budget.notes.append(
+        f"checkpoints: parameters not counted (no torch here); {CHECKPOINT_FALLBACK_BYTES >> 30} "
+        "GiB per checkpoint assumed"
+    )
     return {stage.name: CHECKPOINT_FALLBACK_BYTES for stage in STAGES}
 
 
@@ -264,27 +303,33 @@ def check_budget(config: dict, model_set, report) -> Budget | None:
     areas = {name: Path(str(q["path"]).format(account=account)) for name, q in quotas.items()}
     budget = data_budget(config, model_set)
     totals = {name: [0, 0] for name in quotas}
-    report.lines.append(f"data budget ({budget.rois} ROIs, {budget.locations} locations; "
-                        "~ marks estimates):")  # fmt: skip
+    report.lines.append(f"data budget ({budget.rois} ROIs, {budget.locations} locations; ~ marks estimates):")
     for item in budget.items:
         area = _area_of(item.path, areas)
         mark = "~" if item.estimated else " "
-        report.lines.append(f"  {item.what:<34} {mark}{item.files:>11,} files {mark}{_size(item.bytes):>10}"
-                            f"  {area or 'no quota area'}")  # fmt: skip
+        report.lines.append(
+            f"  {item.what:<34} {mark}{item.files:>11,} files {mark}{_size(item.bytes):>10}  {area or 'no quota area'}"
+        )
         if area is not None:
             totals[area][0] += item.files
             totals[area][1] += item.bytes
     for name, (files, nbytes) in totals.items():
         quota = quotas[name]
-        report.lines.append(f"  {name}: {files:,} of {int(quota['files']):,} files "
-                            f"({100 * files / quota['files']:.1f} %), {_size(nbytes)} of "
-                            f"{_size(quota['bytes'])} ({100 * nbytes / quota['bytes']:.1f} %)")  # fmt: skip
+        report.lines.append(
+            f"  {name}: {files:,} of {int(quota['files']):,} files "
+            f"({100 * files / quota['files']:.1f} %), {_size(nbytes)} of "
+            f"{_size(quota['bytes'])} ({100 * nbytes / quota['bytes']:.1f} %)"
+        )
         if files > quota["files"]:
-            report.errors.append(f"cluster.quotas.{name}: the run keeps {files:,} files on {areas[name]}, more "
-                                 f"than its quota of {int(quota['files']):,} files")  # fmt: skip
+            report.errors.append(
+                f"cluster.quotas.{name}: the run keeps {files:,} files on {areas[name]}, more "
+                f"than its quota of {int(quota['files']):,} files"
+            )
         if nbytes > quota["bytes"]:
-            report.errors.append(f"cluster.quotas.{name}: the run keeps {_size(nbytes)} on {areas[name]}, more "
-                                 f"than its quota of {_size(quota['bytes'])}")  # fmt: skip
+            report.errors.append(
+                f"cluster.quotas.{name}: the run keeps {_size(nbytes)} on {areas[name]}, more "
+                f"than its quota of {_size(quota['bytes'])}"
+            )
     report.warnings.extend(f"data budget: {note}" for note in budget.notes)
     report.warnings.extend(download_fit(config, quotas, areas))
     return budget
