@@ -26,6 +26,7 @@ from vcloud.runtime.lumi import (
     billing,
     retries_needed,
 )
+from vcloud.runtime.profile import profile_command
 
 TRAIN_RULES = tuple(stage.train_rule for stage in STAGES)
 
@@ -73,7 +74,7 @@ def check_container(cluster: Cluster, apptainer_args: str | None, precommand: st
         if path.rstrip("/") not in bound:
             report.errors.append(
                 f"apptainer-args: bind {path} missing (cluster.binds; "
-                "regenerate the profile with `vcloud lumi-profile`)"
+                f"regenerate the profile with `{profile_command(cluster.name)}`)"
             )
     if precommand is None:  # not known yet (the Snakefile at parse time)
         return
@@ -153,7 +154,7 @@ def check_paths(config: dict, cluster: Cluster, report: Report, workdir: Path) -
         top = "/" + real.strip("/").split("/")[0] if real != "/" else "/"
         report.errors.append(
             f"{key}: {shown} is outside every bind of cluster.binds, so no container sees it; "
-            f"add {top} (or that folder) to cluster.binds and run `vcloud lumi-profile`"
+            f"add {top} (or that folder) to cluster.binds and run `{profile_command(cluster.name)}`"
         )
 
 
@@ -592,7 +593,7 @@ def run(profile: Path, config_file: Path | None) -> Report:
         text = (Path(profile) / "config.yaml").read_text()
         if text != render(cluster, source=_profile_source(settings, files), array_jobs=supports_array_jobs()):
             report.errors.append(
-                f"{profile}/config.yaml: stale, not generated from {files[-1]}; run `vcloud lumi-profile`"
+                f"{profile}/config.yaml: stale, not generated from {files[-1]}; run `{profile_command(cluster.name)}`"
             )
     return report
 
