@@ -125,7 +125,7 @@ def test_default_dates_are_the_cloudy_ones_with_the_least_cloudy_dates_as_inputs
     from vcloud.data.shards import ShardReader
 
     reader = ShardReader(tiny_store)
-    jobs = plan_jobs(reader, rois=roi_names(tiny_store), input_dates=3, min_cover=0.05)
+    jobs = plan_jobs(reader, rois=roi_names(reader), input_dates=3, min_cover=0.05)
     cover = np.nan_to_num(reader.cloud_cover, nan=1.0)
     assert {(j.location, j.time) for j in jobs} == {tuple(x) for x in np.argwhere(reader.valid_s2 & (cover > 0.05))}
     for job in jobs:

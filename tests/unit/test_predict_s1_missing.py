@@ -38,7 +38,7 @@ def test_dates_without_s1_are_chosen_as_inputs(store):
 
     reader = ShardReader(store)
     assert reader.valid_s2.all() and reader.valid_s1[:, WITH_S1].all() and reader.valid_s1.sum() == len(reader)
-    jobs = plan_jobs(reader, rois=roi_names(store), input_dates=3, min_cover=-1.0)
+    jobs = plan_jobs(reader, rois=roi_names(reader), input_dates=3, min_cover=-1.0)
     assert len(jobs) == reader.valid_s2.sum()  # every date is a target
     cover = np.nan_to_num(reader.cloud_cover, nan=1.0)
     for job in jobs:

@@ -212,7 +212,7 @@ def test_a_predictor_given_a_date_without_s1_runs_and_uses_it(partial, tmp_path)
     ckpt = tiny_checkpoints(tmp_path / "ckpt")  # data.input_dates 2
     cfg = load_model_config(ckpt["config"])
     reader = ShardReader(partial)
-    jobs = plan_jobs(reader, rois=roi_names(partial), input_dates=2, min_cover=-1.0)
+    jobs = plan_jobs(reader, rois=roi_names(reader), input_dates=2, min_cover=-1.0)
     batch = read_batch(reader, jobs).tensors
     assert_marked(batch)
     # A sample whose context date (not the target) has no S1.

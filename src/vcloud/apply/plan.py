@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from vcloud.data.samples import stack_sample
-from vcloud.data.shards import ShardReader, load_table
-from vcloud.data.store import CLOUD_PROB_SCALE, normalise_s1, normalise_s2, open_store
+from vcloud.data.shards import ShardReader
+from vcloud.data.store import CLOUD_PROB_SCALE, normalise_s1, normalise_s2
 from vcloud.errors import BadInputError, ConfigError
 
 
@@ -68,18 +67,17 @@ def date_text(value) -> str:
     return str(np.datetime_as_string(np.datetime64(value, "D"), unit="D"))
 
 
-def georefs(store: Path) -> list[Georef]:
+def georefs(reader: ShardReader) -> list[Georef]:
     """Each location's CRS and geotransform as the store keeps them."""
-    ds = open_store(store)
-    crs = load_table(ds, "crs", store)
-    transform = load_table(ds, "transform", store)
-    return [Georef(str(c), tuple(float(v) for v in t)) for c, t in zip(crs, transform)]
+    if reader.crs is None or reader.transform is None:
+        raise BadInputError(f"{reader.path}: no crs/transform tables (not a store `vcloud prepare` wrote)")
+    return [Georef(str(c), tuple(float(v) for v in t)) for c, t in zip(reader.crs, reader.transform)]
 
 
-def roi_names(store: Path) -> list[str]:
-    ds = open_store(store)
-    rois, roi = load_table(ds, "rois", store), load_table(ds, "roi", store)
-    return [f"{a}_{int(b)}" for a, b in zip(rois, roi)]
+def roi_names(reader: ShardReader) -> list[str]:
+    if reader.roi_region is None or reader.roi_number is None:
+        raise BadInputError(f"{reader.path}: no rois/roi tables (not a store `vcloud prepare` wrote)")
+    return [f"{a}_{int(b)}" for a, b in zip(reader.roi_region, reader.roi_number)]
 
 
 def parse_dates(texts: list[str]) -> list[str]:

@@ -105,14 +105,14 @@ def predict(
     if clear_pixels not in CLEAR_PIXELS:
         raise ConfigError(f"--clear-pixels {clear_pixels}: expected one of {', '.join(CLEAR_PIXELS)}")
     # Every input checked before anything is written.
-    reader = ShardReader(store)
-    geo, rois = georefs(store), roi_names(store)
+    reader = ShardReader(store)  # opened once, handed down: the plan, the georeferencing, the wind check
+    geo, rois = georefs(reader), roi_names(reader)
     cfg = load_model_config(config_path)
     needed = require_checkpoints(get_stage(stage).predictor_needs, checkpoints, command=label)
     weights = {str(n): checksum(Path(p), "checkpoint") for n, p in needed.items()}
     wind = None
     if get_stage(stage).reads_wind:
-        wind = load_wind_orders(cfg, store=store, wind_cache=wind_cache, world_size=1, command=label)
+        wind = load_wind_orders(cfg, store=reader, wind_cache=wind_cache, world_size=1, command=label)
     wind_sha = checksum(Path(wind_cache), "wind cache") if wind is not None and wind_cache is not None else None
     wanted = parse_dates(dates) if dates else None
     jobs = plan_jobs(reader, rois=rois, input_dates=cfg.data.input_dates, min_cover=min_cover, dates=wanted)

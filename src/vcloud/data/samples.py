@@ -69,6 +69,7 @@ from vcloud.data import cloudsim
 from vcloud.data.cloud_trees import detected_levels
 from vcloud.data.clouds import cloud_probability
 from vcloud.data.shards import ShardReader as StoreReader
+from vcloud.data.shards import as_reader
 from vcloud.data.store import CLOUD_PROB_SCALE, normalise_s1, normalise_s2
 from vcloud.errors import BadInputError
 
@@ -137,7 +138,7 @@ def no_target_reason(reader: StoreReader, usable: np.ndarray, clear_max_cover: f
 
 class _StoreSamples(Dataset):
     def __init__(self, store: Path, *, length: int, seed: int, crop: int | None, raw: bool = False):
-        self.reader = StoreReader(store)
+        self.reader = as_reader(store)
         self.length = length
         self.seed = seed
         self.crop = crop
@@ -163,7 +164,7 @@ class ClearImages(_StoreSamples):
     """Stage 0: clear S2 images (cloud cover below `clear_max_cover`)."""
 
     def __init__(self, store, *, length=None, seed=0, crop=None, clear_max_cover=CLEAR_MAX_COVER, raw=False):
-        reader = StoreReader(store)
+        reader = as_reader(store)
         usable = _usable(reader)
         left_out(reader, usable, sampler="clear images")
         clear = usable & (np.nan_to_num(reader.cloud_cover, nan=1.0) < clear_max_cover)
@@ -172,7 +173,7 @@ class ClearImages(_StoreSamples):
             raise NoSamples(
                 f"{store}: no clear image (cloud cover < {clear_max_cover} on a valid S2 image) to train on"
             )
-        super().__init__(store, length=length or len(self.images), seed=seed, crop=crop, raw=raw)
+        super().__init__(reader, length=length or len(self.images), seed=seed, crop=crop, raw=raw)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         rng, _ = self._rng(index)
@@ -217,7 +218,7 @@ class CloudySamples(_StoreSamples):
         if detect == "device" and not raw:
             raise ValueError("CloudySamples detect='device' needs raw=True (finish_batch detects on the device)")
         self.detect = detect
-        reader = StoreReader(store)
+        reader = as_reader(store)
         usable = _usable(reader)
         single = left_out(reader, usable, sampler="cloudy samples", min_dates=2)
         clear = usable & (np.nan_to_num(reader.cloud_cover, nan=1.0) < clear_max_cover)
@@ -239,7 +240,7 @@ class CloudySamples(_StoreSamples):
         if kinds is not None:  # every (target, kind) pair once, in a seeded order
             pairs = len(self.targets) * len(kinds)
             self.pair_order = np.random.default_rng((seed, 11)).permutation(pairs)
-        super().__init__(store, length=length or len(self.targets) * len(kinds or (0,)), seed=seed, crop=crop, raw=raw)
+        super().__init__(reader, length=length or len(self.targets) * len(kinds or (0,)), seed=seed, crop=crop, raw=raw)
 
     def kinds_at(self, epoch: int) -> tuple[str, ...]:
         if self.kinds is not None:
@@ -353,7 +354,7 @@ class UnlabelledSamples(_StoreSamples):
     """Cloudy target dates of locations that have no clear date at all (stage 3)."""
 
     def __init__(self, store, *, dates: int, seed=0, clear_max_cover=CLEAR_MAX_COVER, limit: int | None = None):
-        reader = StoreReader(store)
+        reader = as_reader(store)
         usable = _usable(reader)
         left_out(reader, usable, sampler="unlabelled samples")
         cover = np.nan_to_num(reader.cloud_cover, nan=1.0)
@@ -364,7 +365,7 @@ class UnlabelledSamples(_StoreSamples):
         self.candidates = candidates
         self.usable = usable
         self.dates = dates
-        super().__init__(store, length=len(candidates), seed=seed, crop=None)
+        super().__init__(reader, length=len(candidates), seed=seed, crop=None)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         rng, _ = self._rng(index)

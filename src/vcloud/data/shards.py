@@ -207,6 +207,12 @@ class RawImages:
     cloud_prob: np.ndarray  # (T, H, W) uint8 round(p * CLOUD_PROB_SCALE), 255 where S2 is missing
 
 
+def as_reader(store) -> ShardReader:
+    """The store opened once: a ShardReader handed down as it is, a path opened here. A command
+    opens its store once and hands the reader to every protocol, sampler and check it runs."""
+    return store if isinstance(store, ShardReader) else ShardReader(store)
+
+
 class ShardReader:
     """Per-(location, time) tables in memory; pixels read straight from the shards on demand.
 
@@ -233,6 +239,10 @@ class ShardReader:
             self.wind = np.full((*self.valid_s2.shape, 2), np.nan, np.float32)
         self.shape = (ds.sizes["location"], ds.sizes["time"], ds.sizes["y"], ds.sizes["x"])
         self.layouts = {name: ShardLayout.read(self.path, name) for name in IMAGE_VARS}
+        # Each location's georeferencing and ROI (vcloud predict's COGs and folders), when kept.
+        optional = lambda name: table(name) if name in ds else None  # noqa: E731
+        self.crs, self.transform = optional("crs"), optional("transform")
+        self.roi_region, self.roi_number = optional("rois"), optional("roi")
 
     def __len__(self) -> int:
         return self.shape[0]

@@ -32,6 +32,7 @@ import torch
 
 from vcloud.config import ModelSetConfig, load_model_config
 from vcloud.data.samples import WithoutS1
+from vcloud.data.shards import ShardReader
 from vcloud.errors import BadInputError
 from vcloud.evaluation.predict import build_predictor
 from vcloud.evaluation.protocols import EVAL_SEED, fixed_samples, reference_samples
@@ -65,11 +66,12 @@ def evaluate(
     needed = require_checkpoints(get_stage(stage).predictor_needs, checkpoints, command=command)
     cfg = load_model_config(config_path)
     torch.manual_seed(EVAL_SEED)
+    reader = ShardReader(store)  # opened once, handed to every protocol
     wind = None
     if get_stage(stage).reads_wind:
-        wind = load_wind_orders(cfg, store=store, wind_cache=wind_cache, world_size=1, command=command)
-    uncrtaints = uncrtaints_samples(store, cfg, pairs=uncrtaints_pairs)  # a bad pairing file fails first
-    fixed_set = fixed_samples(store, cfg, samples=samples, detected=fixed_protocol)  # and a bad detection file
+        wind = load_wind_orders(cfg, store=reader, wind_cache=wind_cache, world_size=1, command=command)
+    uncrtaints = uncrtaints_samples(reader, cfg, pairs=uncrtaints_pairs)  # a bad pairing file fails first
+    fixed_set = fixed_samples(reader, cfg, samples=samples, detected=fixed_protocol)  # and a bad detection file
     predict = build_predictor(stage, cfg, needed, wind)
     samples_of = WithoutS1 if without_s1 else (lambda dataset: dataset)
     threshold = {"nearest_clear_max_cover": cfg.evaluation.nearest_clear_max_cover}
@@ -91,7 +93,7 @@ def evaluate(
                 "region": "all",
                 "truths_per_location": cfg.evaluation.reference_truths,
             },
-            **score(samples_of(reference_samples(store, cfg)), predict, **threshold),
+            **score(samples_of(reference_samples(reader, cfg)), predict, **threshold),
         },
     }
     if isinstance(uncrtaints, UncrtaintsSamples):
@@ -133,8 +135,9 @@ def uncrtaints_setup(cfg: ModelSetConfig, *, pairs: Path | None = None) -> dict:
     }
 
 
-def uncrtaints_samples(store: Path, cfg: ModelSetConfig, *, pairs: Path | None = None) -> UncrtaintsSamples | str:
-    """The protocol's samples on `store`, or why the store has none (a bad pairing file raises)."""
+def uncrtaints_samples(store, cfg: ModelSetConfig, *, pairs: Path | None = None) -> UncrtaintsSamples | str:
+    """The protocol's samples on `store` (a path or the open reader), or why the store has none (a
+    bad pairing file raises)."""
     setup = cfg.evaluation.uncrtaints
     path = pairs if pairs is not None else setup.pairs
     try:

@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 
 from vcloud.config import ModelSetConfig
 from vcloud.data.samples import left_out, stack_sample
-from vcloud.data.shards import ShardReader as StoreReader  # direct, checked shard reads
+from vcloud.data.shards import as_reader  # direct, checked shard reads; a reader handed down as it is
 from vcloud.evaluation.fixed_protocol import EVAL_SEED, fixed_samples  # noqa: F401 (re-exported: the readers' names)
 
 
@@ -35,7 +35,7 @@ class ReferenceSamples(Dataset):
     def __init__(self, store: Path, *, dates: int, truths: int = 1, clear_max_cover: float = 0.05):
         if truths < 1:
             raise ValueError(f"reference protocol: truths per location must be >= 1, got {truths}")
-        self.reader = StoreReader(store)
+        self.reader = as_reader(store)
         usable = self.reader.valid_s2.copy()  # with or without S1 (zeroed, s1_valid); data/samples.py
         left_out(self.reader, usable, sampler="protocol reference", min_dates=2)  # logged: counted, named
         cover = np.where(usable, np.nan_to_num(self.reader.cloud_cover, nan=1.0), np.inf)

@@ -66,7 +66,7 @@ from torch.utils.data import Dataset
 
 from vcloud.data.layout import REGION_SPLITS, REGIONS, RoiId, parse_name, parse_roi
 from vcloud.data.samples import stack_sample
-from vcloud.data.shards import ShardReader
+from vcloud.data.shards import as_reader
 from vcloud.data.store import location_id
 from vcloud.errors import BadInputError
 
@@ -450,8 +450,8 @@ class UncrtaintsSamples(Dataset):
             raise BadInputError(f"uncrtaints: dates (T) must be >= 1, got {dates}")
         if not 0.0 <= min_cov <= max_cov <= 1.0:
             raise BadInputError(f"uncrtaints: need 0 <= min_cov <= max_cov <= 1, got [{min_cov}, {max_cov}]")
-        self.store = Path(store)
-        self.reader = ShardReader(self.store)
+        self.reader = as_reader(store)
+        self.store = self.reader.path
         self.dates, self.region, self.min_cov, self.max_cov = dates, region, min_cov, max_cov
         self.pairs = None if pairs is None else Path(pairs)
         rois = region_rois(region)

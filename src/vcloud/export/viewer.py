@@ -145,9 +145,9 @@ def export_viewer(
     cfg = load_model_config(config_path)
     torch.manual_seed(EVAL_SEED)
     dataset = fixed_samples(store, cfg, detected=fixed_protocol)  # a bad detection file fails first
-    wind = load_wind_orders(cfg, store=store, wind_cache=wind_cache, world_size=1, command=command)
+    reader = dataset.reader  # the store, opened once
+    wind = load_wind_orders(cfg, store=reader, wind_cache=wind_cache, world_size=1, command=command)
     predictors = {stage.name: build_predictor(stage.number, cfg, checkpoints, wind) for stage in SHOWN}
-    reader = dataset.reader
     out = Path(out)
     staging = fresh_staging_dir(out)
     (staging / IMAGES).mkdir()
