@@ -132,7 +132,7 @@ def hand_bill(config: dict, model_set) -> dict[str, tuple[int, str, float, float
 
 BILL_LINE = re.compile(
     r"^  (?P<rule>\w+) +(?P<jobs>\d+) jobs? .* = (?P<expected>[\d.]+) (?P<unit>GPU-h|core-h) expected; "
-    r"worst (?P<attempts>\d+) x [\d.]+ h = (?P<worst>[\d.]+) (?P=unit)$"
+    r"worst (?P=jobs) x [\d.]+ (?P=unit)/h x (?P<attempts>\d+) x [\d.]+ h = (?P<worst>[\d.]+) (?P=unit)$"
 )
 
 

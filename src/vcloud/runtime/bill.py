@@ -250,5 +250,6 @@ def line(bill: RuleBill) -> str:
     return (
         f"  {bill.rule:<16} {jobs}{why} x {bill.per_hour:g} {bill.unit}/h [{bill.formula}] x "
         f"{bill.expected_hours:.1f} h ({bill.basis}) = {bill.expected:.1f} {bill.unit} expected; "
-        f"worst {bill.attempts} x {bill.runtime_hours:.1f} h = {bill.worst:.1f} {bill.unit}"
+        f"worst {bill.jobs} x {bill.per_hour:g} {bill.unit}/h x {bill.attempts} x {bill.runtime_hours:.1f} h = "
+        f"{bill.worst:.1f} {bill.unit}"
     )
