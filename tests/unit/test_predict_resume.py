@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -39,8 +40,32 @@ run.write_manifest = write_then_stop
 sys.exit(main(sys.argv[1:]))
 """
 
+# As above, but the stop comes after the first output of this run's own request: a run into a
+# folder with an earlier manifest writes its partial manifest before any output too.
+STOP_AFTER_FIRST_NEW_OUTPUT = """
+import os, signal, sys
+import vcloud.apply.run as run
+from vcloud.cli import main
+write = run.write_manifest
+def write_then_stop(out, manifest, *, final=False):
+    write(out, manifest, final=final)
+    mine = [e for e in manifest["outputs"].values() if e.get("request_id") == manifest["request_id"]]
+    if not final and any(e["status"] == "done" for e in mine):
+        os.kill(os.getpid(), signal.SIGSTOP)
+run.write_manifest = write_then_stop
+sys.exit(main(sys.argv[1:]))
+"""
+
 
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}  # as the one_thread fixture, in the child
+
+
+def _stopped(proc) -> bool:
+    """The process has stopped itself (state T in /proc)."""
+    try:
+        return Path(f"/proc/{proc.pid}/stat").read_text().split(") ", 1)[1].startswith("T")
+    except (OSError, IndexError):
+        return False
 
 
 def _files(out):
@@ -106,3 +131,38 @@ def test_a_damaged_output_is_made_again(tiny_store, tmp_path):
     stamp = other.stat().st_mtime_ns
     assert main(args) == 0
     assert target.read_bytes() == good and other.stat().st_mtime_ns == stamp
+
+
+@pytest.mark.kill  # over 10 s: docs/contributing.md, test tiers
+def test_a_finished_run_redone_with_other_settings_and_killed_leaves_no_complete_manifest(tiny_store, tmp_path):
+    """A finished run's manifest.json names every output as done. Run again into the same folder
+    with other settings and killed after its first batch, the folder must not keep that manifest
+    claiming a complete run over files the new run has changed; its partial manifest says what is
+    done and what is pending, and the same command then finishes it."""
+    from vcloud.cli import main
+
+    ckpt = tiny_checkpoints(tmp_path / "ckpt")
+    out = tmp_path / "out"
+    assert main(predict_args(tiny_store, out, ckpt, *EXTRA)) == 0
+    assert json.loads((out / "manifest.json").read_text())["complete"]
+    other = ("--min-cover", "-1", "--batch-size", "1", "--draws", "3")  # other settings: every output redone
+    stopping = [sys.executable, "-c", STOP_AFTER_FIRST_NEW_OUTPUT, *predict_args(tiny_store, out, ckpt, *other)]
+    proc = subprocess.Popen(stopping, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ONE_THREAD)
+    deadline = time.monotonic() + 120
+    while not _stopped(proc) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # stopped after its first output, with the old manifest.json gone or not
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (out / "manifest.json").exists()  # before: the old one stayed, claiming a complete run
+    partial = json.loads((out / "manifest.partial.json").read_text())
+    statuses = [entry["status"] for entry in partial["outputs"].values()]
+    assert not partial["complete"] and statuses.count("done") == 1 and "pending" in statuses
+    rerun = subprocess.run(
+        [sys.executable, "-m", "vcloud.cli", *predict_args(tiny_store, out, ckpt, *other)],
+        capture_output=True,
+        text=True,
+        env=ONE_THREAD,
+    )
+    assert rerun.returncode == 0, rerun.stderr
+    final = json.loads((out / "manifest.json").read_text())
+    assert final["complete"] and final["request"]["draws"] == 3 and not (out / "manifest.partial.json").exists()

@@ -38,6 +38,7 @@ from vcloud.apply.geo import sha256_file, write_cog, write_vrt
 from vcloud.apply.manifest import (
     FORMAT,
     FORMAT_VERSION,
+    MANIFEST,
     file_record,
     is_finished,
     read_manifest,
@@ -177,6 +178,12 @@ def predict(
         remove_leftover_temps(out)
         if (out / MOSAICS).is_dir():
             remove_leftover_temps(out / MOSAICS)
+        if (out / MANIFEST).exists():
+            # An earlier finished run's manifest must not go on claiming a complete run over files
+            # this one is about to change: the partial manifest (what is done, what is pending)
+            # takes its place before any output is written, and the final one comes at the end.
+            write_manifest(out, manifest)
+            (out / MANIFEST).unlink()
     times = timings if timings is not None else {}
     times.update(read=0.0, model=0.0, write=0.0, outputs=0)
     from tqdm import tqdm
