@@ -3,18 +3,25 @@ the strict apptainer stand-in on PATH with its image and squashfs environment, a
 for its call log.
 
 The stand-in (tests/lumi/bin/apptainer) is as strict as a container: PATH is the image's
-default plus SINGULARITYENV_PREPEND_PATH, and only the binds, the home and the physical working
-directory are visible. So the tests' runs need what a LUMI run needs: `vcloud` from the
-squashfs environment (built here with the real mksquashfs, stamped with this checkout) and
-every path they use under a bind.
+default plus SINGULARITYENV_PREPEND_PATH, and only the image (the host's /usr without
+/usr/local, and this interpreter's prefix without what the host installed of vcloud), the
+binds, the home and the physical working directory are visible; not the checkout. So the
+tests' runs need what a LUMI run needs: `vcloud` from the squashfs environment (a copy of the
+package built from this checkout with pip, packed with the real mksquashfs, stamped) and every
+path they use under a bind.
 """
 
 from __future__ import annotations
 
+import atexit
+import importlib.metadata
 import json
 import os
+import shutil
+import site
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -34,9 +41,26 @@ def require_stand_in() -> None:
     require("bubblewrap and squashfs-tools", "bwrap", "mksquashfs", "unsquashfs")
 
 
-def write_stand_in_image(folder: Path) -> Path:
+def host_installs(name: str = "vcloud") -> list[str]:
+    """What the host installed of `name` into this interpreter's prefixes (an editable
+    install's .pth and finder, its dist-info, its console script; a plain install's package
+    folder): the paths the stand-in image hides, as the CSC image has none of them."""
+    found: set[Path] = set()
+    for dist in importlib.metadata.distributions(path=[*site.getsitepackages(), site.getusersitepackages()]):
+        if (dist.metadata["Name"] or "").lower() != name:
+            continue
+        folder = Path(os.path.normpath(dist.locate_file("")))
+        for file in dist.files or []:
+            path = Path(os.path.normpath(folder / file))
+            found.add(folder / path.relative_to(folder).parts[0] if path.is_relative_to(folder) else path)
+    return sorted(str(path) for path in found)
+
+
+def write_stand_in_image(folder: Path, *, arch: str | None = None) -> Path:
     """A stand-in of the CSC image: its Python (with torch) first on the image's PATH, and no
-    `vcloud` anywhere on that PATH, as in the real image."""
+    `vcloud` anywhere in it, as in the real image: neither the checkout nor what the host
+    installed of vcloud (`hide` lines). `arch`: the CPU architecture it declares (default:
+    none, the host's)."""
     folder.mkdir(parents=True, exist_ok=True)
     bin_dir = folder / "image-bin"
     bin_dir.mkdir(exist_ok=True)
@@ -44,16 +68,47 @@ def write_stand_in_image(folder: Path) -> Path:
     if not python.exists():
         python.symlink_to(sys.executable)
     image = folder / "image.sif"
-    lines = ["stand-in image", f"ro {sys.base_prefix}", f"ro {sys.prefix}", f"ro {REPO / 'src'}", f"ro {bin_dir}"]
+    lines = ["stand-in image", f"ro {sys.base_prefix}", f"ro {sys.prefix}", f"ro {bin_dir}"]
+    lines += [f"hide {path}" for path in host_installs()]
     lines.append(f"path {bin_dir}")
+    if arch:
+        lines.append(f"arch {arch}")
     image.write_text("\n".join(dict.fromkeys(lines)) + "\n")
     return image
 
 
+_PACKAGES: dict[str, Path] = {}  # source digest -> vcloud installed by pip, once per process
+
+
+def installed_package(stamp: str) -> Path:
+    """vcloud as pip installs it from this checkout (its package data, its dist-info, no
+    dependencies: those are the image's), built from a copy so that parallel builds never
+    share the checkout's build/ folder."""
+    if stamp in _PACKAGES and _PACKAGES[stamp].is_dir():
+        return _PACKAGES[stamp]
+    work = Path(tempfile.mkdtemp(prefix="vcloud-env-package-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
+    source = work / "source"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    shutil.copytree(REPO / "src", source / "src", ignore=ignore)
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(REPO / name, source / name)
+    target = work / "site"
+    command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation"]
+    command += ["--no-compile", "--root-user-action=ignore", "--target", str(target), str(source)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:  # --no-build-isolation: this interpreter's setuptools builds it
+        raise RuntimeError(f"pip install of vcloud for the environment image failed: {done.stderr.strip()[-800:]}")
+    _PACKAGES[stamp] = target
+    return target
+
+
 def build_env_image(folder: Path) -> Path:
     """The squashfs environment `vcloud image` makes, reduced to what a job uses: the venv's
-    python and `vcloud` at /user-software/venv/bin, and the stamp of this checkout."""
-    from vcloud.runtime.image import STAMP, version_stamp
+    python and `vcloud` at /user-software/venv/bin, vcloud itself in /user-software/site (on
+    that python's path), and the stamp of this checkout. Everything else (torch, numpy, zarr,
+    snakemake) is the image's Python's, as the CSC image carries its packages."""
+    from vcloud.runtime.image import MOUNT, STAMP, version_stamp
 
     require_stand_in()
     out = folder / "vcloud-env.sqsh"
@@ -62,17 +117,19 @@ def build_env_image(folder: Path) -> Path:
     env = folder / "env-build"
     venv_bin = env / "venv" / "bin"
     venv_bin.mkdir(parents=True)
+    stamp = version_stamp(REPO)
+    shutil.copytree(installed_package(stamp), env / "site", symlinks=True)
     # Wrappers, not symlinks: this interpreter must start under its own path to find its
-    # environment (a venv's pyvenv.cfg sits beside the path it is started by).
+    # environment (a venv's pyvenv.cfg sits beside the path it is started by). The site folder
+    # comes first on its path, before any PYTHONPATH of the caller's.
     python = venv_bin / "python3"
-    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={MOUNT}/site${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
     script = venv_bin / "vcloud"
-    script.write_text(
-        f"#!/bin/sh\nexec {sys.executable} -c 'import sys; from vcloud.cli import main; sys.exit(main())' \"$@\"\n"
-    )
+    script.write_text(f'#!/bin/sh\nexec {MOUNT}/venv/bin/python3 {MOUNT}/site/bin/vcloud "$@"\n')
     for path in (python, script):
         path.chmod(0o755)
-    (env / STAMP).write_text(version_stamp(REPO) + "\n")
+    (venv_bin / "python").symlink_to("python3")  # a venv has both
+    (env / STAMP).write_text(stamp + "\n")
     subprocess.run(["mksquashfs", str(env), str(out), "-noappend", "-quiet", "-no-xattrs"], check=True)
     return out
 
