@@ -233,9 +233,12 @@ def stage_resources(config: dict) -> dict[str, dict]:
     for stage in STAGES:
         for kind, rule in stage.rules.items():
             entry = {**stage.rule_resources(kind, cluster=bool(section)), **(site if section else {})}
-            entry.update(given.get(rule) or {})
-            if section and rehearsal.get("enabled"):  # the rehearsal's placement and times win
+            rehearsing = section and rehearsal.get("enabled")
+            if rehearsing:
                 entry.update(rehearsal_defaults(section, rehearsal, kind, stage.number))
+            entry.update(given.get(rule) or {})
+            if rehearsing and kind == "train":  # the run file's estimate is the full run's epoch
+                entry["epoch_minutes"] = rehearsal.get("epoch_minutes", 4)
             out[rule] = entry
     return out
 
@@ -243,15 +246,15 @@ def stage_resources(config: dict) -> dict[str, dict]:
 def rehearsal_defaults(section: dict, rehearsal: dict, kind: str, number: int) -> dict:
     """A stage rule's request in the site's rehearsal (config/rehearsal.yaml): one GPU of the
     site's rehearsal partition and QOS (cluster.placement), short wall times, one short epoch,
-    and the forced wall-time warning on one stage's training. These lie over the run file's
-    entries (its epoch estimates are the full run's); the rehearsal section changes them."""
+    and the forced wall-time warning on one stage's training. A config's own entry changes them
+    key by key, except the epoch estimate: the run file's is the full run's, so the rehearsal
+    section's `epoch_minutes` holds in a rehearsal."""
     placement = section.get("placement") or {}
     found = {"partition": placement.get("rehearsal") or placement.get("gpu") or "dev-g", "gpus": 1}
     if placement.get("rehearsal_qos"):
         found["qos"] = placement["rehearsal_qos"]
     if kind == "train":
         found["runtime"] = rehearsal.get("train_minutes", 12)
-        found["epoch_minutes"] = rehearsal.get("epoch_minutes", 4)
         if rehearsal.get("warn_stage", 1) == number:
             found["rehearse_warning"] = rehearsal.get("warn_after", 150)
     else:

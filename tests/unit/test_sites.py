@@ -317,15 +317,13 @@ def test_each_site_rehearses_on_its_test_partition_priced_by_its_formula(
     assert total.split()[2] == unit and 0 < expected < (5 if unit == "GPU-h" else 100), total
 
 
-def test_a_rehearsal_over_its_qos_limits_is_refused():
+def test_a_rehearsal_over_its_qos_limits_is_refused(tmp_path):
     from vcloud.runtime.doctor import Report, check_site
 
-    config = load_workflow_config(REPO / "config" / "saga.yaml", REPO / "config" / "rehearsal.yaml")
+    longer = tmp_path / "longer.yaml"
+    longer.write_text(yaml.safe_dump({"rehearsal": {"train_minutes": 180}}))  # devel: 2 h at most
+    config = load_workflow_config(REPO / "config" / "saga.yaml", REPO / "config" / "rehearsal.yaml", longer)
     config["cluster"]["account"] = "nn1234k"
-    config["rehearsal"]["train_minutes"] = 180  # devel: 2 h at most
-    from vcloud.config.workflow import fill_stage_resources
-
-    fill_stage_resources(config)
     config["resources"]["evaluate_stage0"]["qos"] = "debug"
     report = Report()
     check_site(config, Cluster.from_config(config), report)
@@ -408,3 +406,12 @@ def test_before_the_download_the_doctor_says_whether_the_dataset_fits_the_quota(
     config["data"]["rois"] = ["ROIs1868/119"]  # a few ROIs: their archives are counted once there
     quotas["projects"]["bytes"] = 2**40
     assert download_fit(config, quotas, {"projects": project}) == []
+
+
+def test_a_rehearsal_entry_of_its_own_wins_but_the_full_runs_epoch_estimate_does_not(tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml.safe_dump({"resources": {"train_stage1": {"rehearse_warning": 4, "runtime": 5}}}))
+    config = load_workflow_config(REPO / "config/lumi.yaml", REPO / "config/rehearsal.yaml", mine)
+    stage1 = resources(config, "train_stage1")
+    assert (stage1.rehearse_warning, stage1.runtime, stage1.partition) == (4, 5, "dev-g")
+    assert stage1.epoch_minutes == 4  # config/lumi.yaml's 27 min is the full run's epoch
