@@ -22,3 +22,28 @@ def run(args, cwd, check=True):
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
+
+
+def copy_worktree(dest: Path) -> Path:
+    """The working tree as a clone of it holds (tracked and new files, not the ignored ones), links
+    kept as links: a copy a test may change as a contributor would."""
+    import os
+    import shutil
+
+    names = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    for name in names:
+        source, target = ROOT / name, dest / name
+        if not source.is_file() and not source.is_symlink():
+            continue  # deleted in the working tree
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():
+            target.symlink_to(os.readlink(source))
+        else:
+            shutil.copy2(source, target)
+    return dest

@@ -9,7 +9,6 @@ from __future__ import annotations
 import filecmp
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.workflow.snakemake_run import ROOT, SMALL
+from tests.workflow.snakemake_run import ROOT, SMALL, copy_worktree
 
 pytestmark = pytest.mark.workflow
 
@@ -37,25 +36,6 @@ def stage4(cfg: ModelSetConfig, *, train: Path, val: Path, stage1_ckpt: Path, wi
                   wind=wind, device=device)
     return dataclasses.replace(task, stage=4)
 '''
-
-
-def copy_repo(dest: Path) -> Path:
-    files = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    for name in files.splitlines():
-        source = ROOT / name
-        if source.is_file() and not source.is_symlink():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, dest / name)
-        elif source.is_symlink():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            (dest / name).symlink_to(os.readlink(source))
-    return dest
 
 
 def with_stage4_block(text: str) -> str:
@@ -98,7 +78,7 @@ def changed_outside_tests(repo: Path) -> list[str]:
 
 @pytest.mark.slow  # trains stages 1 and 4 of the tiny model set: ~1-2 min on 2 cores
 def test_a_stage_added_in_five_files_trains_and_is_scored(tmp_path):
-    repo = copy_repo(tmp_path / "repo")
+    repo = copy_worktree(tmp_path / "repo")
     add_stage_4(repo)
     assert changed_outside_tests(repo) == [
         "config/models/full.yaml",

@@ -3,17 +3,15 @@ plans the run on it with the site's partitions, typed GPU GRES and `--nv` on the
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.lumi.helpers import stand_in_env
+from tests.workflow.snakemake_run import copy_worktree
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.workflow
 
 NEW_SITE = {
@@ -45,26 +43,8 @@ NEW_SITE = {
 }
 
 
-def copy_repo(dest: Path) -> Path:
-    """The working tree as a clone of it holds (tracked and new files, not the ignored), without the new site."""
-    files = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    for name in files.splitlines():
-        source = REPO / name
-        if source.is_file() and not source.is_symlink():
-            target = dest / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target)
-    return dest
-
-
 def test_a_new_site_from_one_file_plans_a_run(tmp_path):
-    repo = copy_repo(tmp_path / "repo")
+    repo = copy_worktree(tmp_path / "repo")
     (repo / "config" / "sites" / "kestrel.yaml").write_text(yaml.safe_dump(NEW_SITE, sort_keys=False))
     raw = tmp_path / "raw"
     for roi in ("ROIs1868/119", "ROIs2017/22", "ROIs1158/119"):
@@ -105,7 +85,7 @@ def test_a_new_site_from_one_file_plans_a_run(tmp_path):
 
 
 def test_the_new_site_rehearses_on_its_gpu_partition_with_its_transport(tmp_path):
-    repo = copy_repo(tmp_path / "repo")
+    repo = copy_worktree(tmp_path / "repo")
     (repo / "config" / "sites" / "kestrel.yaml").write_text(yaml.safe_dump(NEW_SITE, sort_keys=False))
     raw = tmp_path / "raw"
     raw.mkdir()
