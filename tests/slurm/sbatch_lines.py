@@ -89,9 +89,13 @@ def site_config(site: str, account: str | None = None) -> dict:
 
 
 def profile_settings(site: str) -> tuple[SimpleNamespace, set[str]]:
-    """The executor settings of profiles/<site>/config.yaml that change the sbatch line, and the
-    rules it submits as array jobs."""
-    profile = yaml.safe_load((REPO / "profiles" / site / "config.yaml").read_text())
+    """The executor settings of the site's profile that change the sbatch line, and the rules it
+    submits as array jobs: the profile `vcloud profile --site <site>` writes, rendered here (only
+    LUMI's is in git; the others are written by their users, with their account)."""
+    from vcloud.runtime.profile import render, supports_array_jobs
+
+    cluster = Cluster.from_config(site_config(site))
+    profile = yaml.safe_load(render(cluster, source=f"config/{site}.yaml", array_jobs=supports_array_jobs()))
     settings = SimpleNamespace(
         requeue=bool(profile.get("slurm-requeue")),
         no_requeue=bool(profile.get("slurm-no-requeue")),
