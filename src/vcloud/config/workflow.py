@@ -105,6 +105,8 @@ def fill_stage_resources(config: dict) -> dict:
 def rehearsal_resources(config: dict) -> dict[str, dict]:
     """The rehearsal's own rules on a cluster (rehearsal.enabled): the transport step on every
     GPU of one node of the site's rehearsal partition (within its QOS), the summary a local rule."""
+    from vcloud.registry import DEFAULT_RESOURCES, site_gpu_defaults
+
     section = config.get("cluster") or {}
     rehearsal = config.get("rehearsal") or {}
     if not section or not rehearsal.get("enabled"):
@@ -116,15 +118,11 @@ def rehearsal_resources(config: dict) -> dict[str, dict]:
     qos = (section.get("qos") or {}).get(placement.get("rehearsal_qos") or "") or {}
     if qos.get("max_gpus"):
         gpus = min(gpus, qos["max_gpus"])
-    rules = section.get("gpu_rules") or {}
-    transport = {
-        "runtime": rehearsal.get("transport_minutes", 4),
-        "mem_mb_per_gpu": rules.get("mem_mb_per_gpu", 60000),
-        "threads": rules.get("threads", 7),
-        "cpus_per_gpu": rules.get("threads", 7),
-        "partition": partition,
-        "gpus": gpus,
-    }
+    # A stage rule's per-GPU memory and cores on this site (the registry's defaults, the site's
+    # gpu_rules over them), on every GPU of one rehearsal node.
+    base = {key: DEFAULT_RESOURCES["train"]["cluster"][key] for key in ("mem_mb_per_gpu", "threads")}
+    transport = {**base, "cpus_per_gpu": base["threads"], **site_gpu_defaults(section)}
+    transport.update(runtime=rehearsal.get("transport_minutes", 4), partition=partition, gpus=gpus)
     if placement.get("rehearsal_qos"):
         transport["qos"] = placement["rehearsal_qos"]
     summary = {"runtime": 15, "mem_mb": 2000, "threads": 1}  # a local rule: where snakemake runs
