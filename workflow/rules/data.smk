@@ -83,11 +83,15 @@ rule prepare_roi:
             f"--{key.replace('_', '-')} {value}"
             for key, value in DATA["cloud_classes"].items()
         ),
+        scl=" ".join(
+            f"--scl {code}={prob}"
+            for code, prob in DATA.get("scl_cloud_prob", {}).items()
+        ),
     shell:
         "vcloud prepare {params.raw} --index-dir {params.index_dir} --roi {params.roi}"
         " --out {output.store} --threads {threads} --on-bad-image {params.policy}"
         " --times {params.times} --size {params.size} {params.wind} {params.clouds}"
-        " > {log} 2>&1"
+        " {params.scl} > {log} 2>&1"
 
 
 rule assemble_split:

@@ -47,6 +47,7 @@ from vcloud.apply.manifest import (
 )
 from vcloud.apply.plan import batches, georefs, parse_dates, plan_jobs, read_batch, roi_names
 from vcloud.constants import CLEAR_MAX_COVER, S2_BANDS, S2_SCALE, S2CLOUDLESS_KWARGS
+from vcloud.data.masks import store_mask_source
 from vcloud.data.shards import ShardReader
 from vcloud.data.store import CLOUD_PROB_SCALE
 from vcloud.errors import BadInputError, ConfigError
@@ -159,8 +160,7 @@ def predict(
         "bands": list(S2_BANDS),
         "scale": f"uint16 reflectance x {S2_SCALE:g} (L1C, as the input)",
         "clear_pixels": clear_pixels,
-        "cloud_mask": f"s2cloudless mask of the stored probability (threshold {S2CLOUDLESS_KWARGS['threshold']}, "
-        f"average_over {S2CLOUDLESS_KWARGS['average_over']}, dilation {S2CLOUDLESS_KWARGS['dilation_size']})",
+        "cloud_mask": _mask_description(reader.cloud_mask),
         "uncertainty": (
             f"per-pixel std of {n_draws} draws (x {S2_SCALE:g}), 0 where the observation is kept"
             if with_spread
@@ -213,7 +213,7 @@ def predict(
             torch.cuda.synchronize()
         times["model"] += time.perf_counter() - start
         start = time.perf_counter()
-        masks = _cloud_masks(batch.cloud_prob)  # (B, H, W) uint8
+        masks = _cloud_masks(batch.cloud_prob, store_mask_source(reader.cloud_mask))  # (B, H, W) uint8
         for i, job in enumerate(group):
             if job.name in finished:
                 continue
@@ -275,12 +275,27 @@ def _no_spread(sampled: bool, draws: int | None) -> str:
     return "1 draw (pass --draws N >= 2)" if sampled else "this stage's prediction is deterministic (no draws)"
 
 
-def _cloud_masks(prob: np.ndarray) -> np.ndarray:
-    """(B, H, W) stored probability -> the s2cloudless mask (uint8, 1 = cloud); no probability = cloud."""
+def _cloud_masks(prob: np.ndarray, source: str) -> np.ndarray:
+    """(B, H, W) stored probability -> the store's pixel mask (uint8, 1 = cloud); no probability = cloud.
+
+    s2cloudless's probability takes its post-processing, as prepare applied it; a mask that came
+    with the data (SCL/, MASK/) is used as stored.
+    """
     from vcloud.data.clouds import cloud_mask
+    from vcloud.data.masks import supplied_mask
 
     p = np.where(prob == 255, np.float32(1.0), prob.astype(np.float32) / CLOUD_PROB_SCALE)
-    return cloud_mask(p).astype(np.uint8)
+    return cloud_mask(p).astype(np.uint8) if source == "s2cloudless" else supplied_mask(p)
+
+
+def _mask_description(recorded: dict) -> str:
+    """The manifest's `cloud_mask`: which mask decided what is cloud, from the store's record."""
+    if store_mask_source(recorded) == "s2cloudless":
+        return (
+            f"s2cloudless mask of the stored probability (threshold {S2CLOUDLESS_KWARGS['threshold']}, "
+            f"average_over {S2CLOUDLESS_KWARGS['average_over']}, dilation {S2CLOUDLESS_KWARGS['dilation_size']})"
+        )
+    return f"{recorded['source'].upper()} mask that came with the data: {recorded['pixel_mask']}"
 
 
 def write_mosaics(out: Path, jobs: list, geo: list, descriptions: list[str]) -> dict:

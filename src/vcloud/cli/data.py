@@ -92,6 +92,13 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--clear-max-cover", type=float, default=defaults.clear_max_cover)
     p.add_argument("--thick-min-prob", type=float, default=defaults.thick_min_prob)
     p.add_argument("--opaque-min-cover", type=float, default=defaults.opaque_min_cover)
+    p.add_argument(
+        "--scl",
+        action="append",
+        metavar="CODE=PROB",
+        help="a plain folder's SCL/: the cloud probability of an SCL class (repeatable; given, it replaces the whole "
+        "default table 0=1 1=1 3=0.5 8=0.8 9=1 10=0.5; unlisted codes are clear; docs/data.md)",
+    )
     p.set_defaults(func=run_prepare)
 
 
@@ -100,6 +107,7 @@ def run_prepare(args: argparse.Namespace) -> None:
     from vcloud.data.clouds import CloudThresholds
     from vcloud.data.folder import folder_times
     from vcloud.data.layout import parse_roi
+    from vcloud.data.masks import parse_scl_flags
     from vcloud.data.prepare import prepare_roi
 
     times = args.times or folder_times(args.raw) or N_TIMES  # a plain folder: its dates
@@ -118,6 +126,7 @@ def run_prepare(args: argparse.Namespace) -> None:
         wind_table=args.wind,
         workers=args.threads,
         index_dir=args.index_dir,
+        scl=parse_scl_flags(args.scl),
     )
 
 
@@ -141,7 +150,10 @@ def add_verify(sub: argparse._SubParsersAction) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> None:
+    from vcloud.constants import CLEAR_MAX_COVER
+    from vcloud.data.masks import agreement_lines
     from vcloud.data.shards import DamagedStoreError, verify
+    from vcloud.data.store import open_store
 
     problems = verify(args.store)
     for line in problems:
@@ -149,6 +161,10 @@ def run_verify(args: argparse.Namespace) -> None:
     if problems:
         raise DamagedStoreError(f"{args.store}: {len(problems)} damaged (listed above); prepare the ROI again")
     print(f"{args.store}: every chunk reads back and matches its checksum")
+    ds = open_store(args.store)
+    clear = ds.attrs.get("producer", {}).get("options", {}).get("cloud_thresholds", {})
+    for line in agreement_lines(ds, args.store, clear_max_cover=clear.get("clear_max_cover", CLEAR_MAX_COVER)):
+        print(line)
 
 
 def add_era5_wind(sub: argparse._SubParsersAction) -> None:

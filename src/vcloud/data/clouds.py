@@ -2,6 +2,9 @@
 
 The probability is computed once per image; the mask is derived from it with the reference
 loader's post-processing (average over a disk of 4 px, threshold 0.4, dilation of 2 px).
+s2cloudless needs the 13 Level-1C top-of-atmosphere bands, B10 among them: prepare refuses an
+image with a band that is 0 at every pixel (`zero_bands`) rather than compute a mask from it.
+A mask that comes with the data (SCL/ or MASK/ of a plain folder) is data/masks.py's.
 
 Cloud class of one image, from its probability map (thresholds in config, data.cloud_classes):
 - clear:  cloud cover < clear_max_cover
@@ -17,7 +20,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from vcloud.constants import CLEAR_MAX_COVER, CLOUD_CLASSES, S2_SCALE, S2CLOUDLESS_KWARGS
+from vcloud.constants import CLEAR_MAX_COVER, CLOUD_CLASSES, S2_BANDS, S2_SCALE, S2CLOUDLESS_KWARGS
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,16 @@ class CloudThresholds:
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"data.cloud_classes.{name}: {value} is outside 0..1")
+
+
+def zero_bands(image: np.ndarray) -> list[str]:
+    """Names of the bands of one (13, H, W) S2 image that are 0 at every pixel.
+
+    A band of zeros is not a measurement: it is how a Level-2A file (no B10) or a 10-band export
+    is padded to 13 bands, and s2cloudless, fed it, calls cloudy dates clear.
+    """
+    flat = image.reshape(len(image), -1)
+    return [S2_BANDS[i] for i in np.flatnonzero(~flat.any(axis=1))]
 
 
 @lru_cache(maxsize=1)

@@ -2,6 +2,8 @@
 
     <folder>/S2/<anything>_YYYYMMDD.tif    13 bands, uint16, L1C reflectance x 10000, B1..B12 order
     <folder>/S1/<anything>_YYYYMMDD.tif    optional: 2 bands, float32 backscatter dB, VV then VH
+    <folder>/SCL/<anything>_YYYYMMDD.tif   optional, or MASK/: the cloud mask that comes with the data
+    <folder>/MASK/<anything>_YYYYMMDD.tif  (data/masks.py), one for every S2 date, matched by date
 
 is one location; several locations (tiles of one area, each the same size) are one folder each:
 
@@ -11,7 +13,9 @@ The date is the end of the file name: YYYYMMDD or YYYY-MM-DD right before `.tif`
 (`S2/20180311.tif`, `S2/mytile_2018-03-11.tif`). Each S2 date is one time index, in date order;
 a tile's dates need not be another tile's. Each S2 date is paired with the S1 image nearest in
 time within S1_MAX_DAYS (ties: the earlier); an S2 date with none is a date without S1, and an S1
-image no S2 date takes is not read (logged).
+image no S2 date takes is not read (logged). SCL/ or MASK/ (not both) must hold an image of
+every S2 date, and every tile of a folder the same kind; without either the mask is
+s2cloudless's, computed from the S2 bands.
 
 The source answers the four questions every raw source answers (layout.TreeSource), under the
 dataset's own names: `vcloud prepare` reads the folder as it reads the dataset (layout.scan_roi),
@@ -26,6 +30,7 @@ import re
 from pathlib import Path
 
 from vcloud.data.layout import RawName, RoiId
+from vcloud.data.masks import MASK_KINDS
 from vcloud.errors import BadInputError
 
 log = logging.getLogger(__name__)
@@ -100,6 +105,7 @@ class FolderSource:
         self.tiles = tiles
         self.files: dict[tuple[str, int, int], tuple[dt.date, Path]] = {}  # (kind, patch, t) -> (date, file)
         self.times = 0
+        self.mask_kind: str | None = None  # "scl" or "mask" when the folder brings its cloud mask
         for patch, tile in enumerate(tiles):
             s2 = _dated(tile / "S2")
             if not s2:
@@ -108,9 +114,41 @@ class FolderSource:
                 self.files[("s2", patch, t)] = item
             for t, item in _pair(s2, _dated(tile / "S1"), tile).items():
                 self.files[("s1", patch, t)] = item
+            self._add_masks(patch, tile, s2)
             self.times = max(self.times, len(s2))
         if len(tiles) > 1:
             log.info("%s: tiles as patches: %s", self.root, ", ".join(f"{t.name}=p{i}" for i, t in enumerate(tiles)))
+
+    def _add_masks(self, patch: int, tile: Path, s2: list[tuple[dt.date, Path]]) -> None:
+        """SCL/ or MASK/ of one tile: one image per S2 date, the same kind in every tile."""
+        kinds = [kind for kind in MASK_KINDS if (tile / kind.upper()).is_dir()]
+        if len(kinds) > 1:
+            raise BadInputError(f"{tile}: both SCL/ and MASK/; keep the one the cloud mask should come from")
+        kind = kinds[0] if kinds else None
+        if patch and kind != self.mask_kind:
+            has = lambda k: f"{k.upper()}/" if k else "no SCL/ or MASK/"  # noqa: E731
+            raise BadInputError(
+                f"{tile}: {has(kind)}, {self.tiles[0]}: {has(self.mask_kind)}; every tile needs the same kind of mask"
+            )
+        self.mask_kind = kind
+        if kind is None:
+            return
+        folder = tile / kind.upper()
+        masks = dict(_dated(folder))
+        for t, (date, image) in enumerate(s2):
+            if date not in masks:
+                raise BadInputError(f"{folder}: no image of {date} (for {image.name}); every S2 date needs its mask")
+            self.files[(kind, patch, t)] = (date, masks[date])
+        unused = sorted(masks.keys() - {date for date, _ in s2})
+        if unused:
+            log.info(
+                "%s: %d images of dates without S2, not read: %s", folder, len(unused), ", ".join(map(str, unused))
+            )
+
+    def mask_file(self, patch: int, t: int) -> Path | None:
+        """The SCL or MASK image of S2 date index `t` of tile `patch`; None without SCL/ or MASK/."""
+        item = self.files.get((self.mask_kind, patch, t)) if self.mask_kind else None
+        return item[1] if item else None
 
     def __str__(self) -> str:
         return str(self.root)

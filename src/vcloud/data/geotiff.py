@@ -65,8 +65,11 @@ def write_image(path: Path, data: np.ndarray, georef: GeoRef) -> None:
     )
 
 
-def read_image(path: Path, *, bands: int, size: int, dtype: np.dtype) -> tuple[np.ndarray, GeoRef]:
-    """Read one raw image as (bands, H, W) and its georeferencing; BadImageError says why not."""
+def read_image(path: Path, *, bands: int, size: int, dtype) -> tuple[np.ndarray, GeoRef]:
+    """Read one raw image as (bands, H, W) and its georeferencing; BadImageError says why not.
+
+    dtype: the one dtype the image must have, or a tuple of those it may have.
+    """
     try:
         with tifffile.TiffFile(path) as tif:
             page = tif.pages.first
@@ -86,8 +89,9 @@ def read_image(path: Path, *, bands: int, size: int, dtype: np.dtype) -> tuple[n
         raise BadImageError(f"wrong band count: {data.shape[0]}, expected {bands}")
     if data.shape[1:] != (size, size):
         raise BadImageError(f"wrong size: {data.shape[1]}x{data.shape[2]}, expected {size}x{size}")
-    if data.dtype != np.dtype(dtype):
-        raise BadImageError(f"wrong dtype: {data.dtype}, expected {np.dtype(dtype)}")
+    allowed = [np.dtype(d) for d in (dtype if isinstance(dtype, tuple) else (dtype,))]
+    if data.dtype not in allowed:
+        raise BadImageError(f"wrong dtype: {data.dtype}, expected {' or '.join(str(d) for d in allowed)}")
     return data, georef
 
 

@@ -33,10 +33,13 @@ from tqdm import tqdm
 
 from vcloud.constants import CLOUD_CLASS_MISSING, S1_BANDS, S1_CLIP_DB, S2_BANDS
 from vcloud.data.archive import resolve_sources
-from vcloud.data.clouds import CloudThresholds, cloud_cover_and_class, cloud_mask, cloud_probability
+from vcloud.data.clouds import CloudThresholds, cloud_cover_and_class, cloud_mask, cloud_probability, zero_bands
+from vcloud.data.folder import FolderSource
 from vcloud.data.geotiff import NO_GEOREF, BadImageError, GeoRef, read_image
 from vcloud.data.layout import Problem, RoiId, scan_roi
+from vcloud.data.masks import MaskSpec, read_supplied, scl_table, supplied_mask
 from vcloud.data.store import (
+    CLOUD_PROB_SCALE,
     location_id,
     open_store,
     store_attrs,
@@ -71,12 +74,15 @@ def prepare_roi(
     wind_table: Path | None = None,
     workers: int = 1,
     index_dir: Path | None = None,
+    scl: dict | None = None,
 ) -> dict:
     """Prepare one ROI; returns the summary counts that are also logged.
 
     raw: one path or several (e.g. the train and the val/test download roots); each a folder
     of downloaded archives, one archive, or an extracted tree. index_dir: where the archives'
     indexes are (default: beside each archive); a missing one is built, a stale one refused.
+    scl: SCL class code -> cloud probability (data/masks.py; None: the default table), used
+    when a plain folder brings SCL/.
     """
     if on_bad_image not in ("fail", "skip"):
         raise BadInputError(f"on_bad_image: '{on_bad_image}' is not one of fail, skip")
@@ -87,6 +93,7 @@ def prepare_roi(
     scan = scan_roi(resolve_sources(raws, roi, index_dir=index_dir), roi, times=times)
     problems = list(scan.problems)
     _fail_on(problems, on_bad_image)
+    spec = _mask_spec(scan, scl_table(scl))
     wind = WindSource(wind_table, roi) if wind_table else None
     options = {
         "roi": str(roi),
@@ -95,15 +102,17 @@ def prepare_roi(
         "size": size,
         "cloud_thresholds": asdict(thresholds),
         "wind_table": str(wind_table) if wind_table else None,
+        "cloud_mask": spec.source,
     }
     where = ", ".join(sorted({str(Path(str(source)).resolve()) for source in scan.sources.values()}))
     attrs = store_attrs(source=f"SEN12MS-CR-TS {where}", options=options)
     attrs["series"] = {"times": times, "absent": list(scan.absent), "beyond": list(scan.beyond)}
+    attrs["cloud_mask"] = spec.attrs()
     _log_series(scan)
 
     def one(patch: int):
         new_problems: list[Problem] = []
-        ds = _prepare_location(scan, patch, size, thresholds, wind, new_problems)
+        ds = _prepare_location(scan, patch, size, thresholds, wind, new_problems, spec)
         return ds, new_problems
 
     def locations():
@@ -137,6 +146,16 @@ def prepare_roi(
     counts["times_beyond"] = len(scan.beyond)
     log.info(summary_line(f"prepared {roi}", counts))
     return counts
+
+
+def _mask_spec(scan, table: dict[int, float]) -> MaskSpec:
+    """s2cloudless's mask, or the one a plain folder brings (SCL/, MASK/) with s2cloudless beside it."""
+    source = scan.sources.get("s2")
+    kind = source.mask_kind if isinstance(source, FolderSource) else None
+    if kind is None:
+        return MaskSpec(source="s2cloudless")
+    log.info("%s: cloud mask from %s/ (s2cloudless computed beside it for comparison)", scan.roi, kind.upper())
+    return MaskSpec(source=kind, scl=table if kind == "scl" else None, s2cloudless_too=True)
 
 
 def _fail_on(problems: list[Problem], policy: str) -> None:
@@ -196,7 +215,7 @@ def spans(values) -> str:
     return ",".join(parts)
 
 
-def _prepare_location(scan, patch, size, thresholds, wind, problems):
+def _prepare_location(scan, patch, size, thresholds, wind, problems, spec: MaskSpec):
     import xarray as xr
 
     times = scan.times
@@ -217,6 +236,8 @@ def _prepare_location(scan, patch, size, thresholds, wind, problems):
                 if kind == "s1":
                     data, nans = _clean_s1(data)
                     nan_pixels[t] = nans
+                else:
+                    _check_s2(path, data)
             except BadImageError as err:
                 problems.append(Problem(str(path), str(err), kind=kind, patch=patch, t=t))
                 continue
@@ -229,13 +250,22 @@ def _prepare_location(scan, patch, size, thresholds, wind, problems):
     prob = np.full((times, size, size), np.nan, np.float32)
     cover = np.full(times, np.nan, np.float32)
     classes = np.full(times, CLOUD_CLASS_MISSING, np.int8)
+    compared = {name: np.full(times, np.nan, np.float32) for name in ("cloud_cover_s2cloudless", "cloud_agreement")}
     good = np.flatnonzero(valid["s2"])
+    georef = georefs.get("s2") or georefs.get("s1") or NO_GEOREF
     if len(good):
         # One LightGBM thread per worker: N workers use N cores (LightGBM alone would take all).
-        prob[good] = cloud_probability(s2[good], num_threads=1)
-        cover[good], classes[good] = cloud_cover_and_class(prob[good], cloud_mask(prob[good]), thresholds)
+        computed = cloud_probability(s2[good], num_threads=1)
+        computed_mask = cloud_mask(computed)
+        if spec.source == "s2cloudless":
+            prob[good], mask = computed, computed_mask
+        else:
+            prob[good] = _supplied(scan, patch, good, spec, size=size, georef=georefs.get("s2"))
+            mask = supplied_mask(prob[good])
+            compared["cloud_cover_s2cloudless"][good] = computed_mask.reshape(len(good), -1).mean(axis=1)
+            compared["cloud_agreement"][good] = (mask == computed_mask).reshape(len(good), -1).mean(axis=1)
+        cover[good], classes[good] = cloud_cover_and_class(prob[good], mask, thresholds)
 
-    georef = georefs.get("s2") or georefs.get("s1") or NO_GEOREF
     loc = {"location": np.array([location_id(scan.roi.rois, scan.roi.roi, patch)], dtype=object)}
     two = ("location", "time")
     data_vars = {
@@ -252,6 +282,8 @@ def _prepare_location(scan, patch, size, thresholds, wind, problems):
         "crs": (("location",), np.array([georef.crs], dtype=object)),
         "transform": (("location", "gt"), np.array([georef.transform], np.float64)),
     }
+    if spec.s2cloudless_too:
+        data_vars.update({name: (two, values[None]) for name, values in compared.items()})
     if wind is not None:
         u, v = wind.at(georef, dates["s2"], size=size)
         data_vars["wind_u"] = (two, u[None])
@@ -266,6 +298,32 @@ def _prepare_location(scan, patch, size, thresholds, wind, problems):
         "band_s1": np.array(S1_BANDS, dtype=object),
     }
     return xr.Dataset(data_vars, coords=coords)
+
+
+def _check_s2(path, data: np.ndarray) -> None:
+    """Refuse an S2 image with bands of zeros (padding, not reflectance), under either policy."""
+    zero = zero_bands(data)
+    if len(zero) == len(data):
+        raise BadImageError("every band is 0 at every pixel (no data)")
+    if zero:
+        raise BadInputError(
+            f"{path}: {', '.join(zero)} 0 at every pixel: padding is not reflectance (s2cloudless fed it calls "
+            "cloudy dates clear, and a model would learn it); give the 13 Level-1C bands as measured (docs/data.md)"
+        )
+
+
+def _supplied(scan, patch: int, good: np.ndarray, spec: MaskSpec, *, size: int, georef) -> np.ndarray:
+    """(len(good), H, W) the cloud probability of the SCL or MASK images of the dates `good`.
+
+    Rounded to the store's steps (1/250), so that the mask computed here is the one every reader
+    of the stored probability computes.
+    """
+    source = scan.sources["s2"]
+    out = np.empty((len(good), size, size), np.float32)
+    for i, t in enumerate(good):
+        path = source.mask_file(patch, int(t))
+        out[i] = read_supplied(path, spec.source, size=size, table=spec.scl or {}, georef=georef)
+    return np.round(out * CLOUD_PROB_SCALE) / np.float32(CLOUD_PROB_SCALE)
 
 
 def _clean_s1(data: np.ndarray) -> tuple[np.ndarray, int]:

@@ -238,6 +238,7 @@ class ShardReader:
         else:
             self.wind = np.full((*self.valid_s2.shape, 2), np.nan, np.float32)
         self.shape = (ds.sizes["location"], ds.sizes["time"], ds.sizes["y"], ds.sizes["x"])
+        self.cloud_mask: dict = dict(ds.attrs.get("cloud_mask") or {})  # where the mask came from (data/masks.py)
         self.layouts = {name: ShardLayout.read(self.path, name) for name in IMAGE_VARS}
         # Each location's georeferencing and ROI (vcloud predict's COGs and folders), when kept.
         optional = lambda name: table(name) if name in ds else None  # noqa: E731

@@ -11,8 +11,10 @@ Dims: location, time, band_s2 (13), band_s1 (2), y, x, and gt (6) for the geotra
 | -------------- | ---------------------------------- | ---------------- | --------------------------------- |
 | s2             | location, time, band_s2, y, x      | uint16           | reflectance x10000, 0 if missing  |
 | s1             | location, time, band_s1, y, x      | float32          | backscatter dB, NaN -> clip floor |
-| cloud_prob     | location, time, y, x               | uint8 (CF scale) | s2cloudless probability 0..1      |
+| cloud_prob     | location, time, y, x               | uint8 (CF scale) | cloud probability 0..1 (below)    |
 | cloud_cover    | location, time                     | float32          | masked fraction, NaN if missing   |
+| cloud_cover_s2cloudless | location, time            | float32          | with a supplied mask: s2cloudless's cover |
+| cloud_agreement | location, time                    | float32          | with a supplied mask: fraction of pixels where it and s2cloudless's mask agree |
 | cloud_class    | location, time                     | int8             | index into CLOUD_CLASSES, -1 bad  |
 | valid_s2/s1    | location, time                     | bool             | False: image missing or bad       |
 | s1_nan_pixels  | location, time                     | int32            | NaN pixels set to the clip floor  |
@@ -21,7 +23,11 @@ Dims: location, time, band_s2 (13), band_s1 (2), y, x, and gt (6) for the geotra
 | crs, transform | location / location, gt            | str / float64    | georeferencing per location       |
 
 Coordinates: location (id "ROIs1868_119_p42"), rois ("ROIs1868"), roi (119), patch (42), time.
-Attributes: format_version, source, band names, normalisation constants, producer
+The cloud probability and mask are s2cloudless's, or those that came with the data (SCL/ or
+MASK/ of a plain folder, data/masks.py); the attribute `cloud_mask` says which (`source`) and how
+the pixel mask follows from the stored probability (`pixel_mask`); a store without it is
+s2cloudless's.
+Attributes: format_version, source, band names, normalisation constants, cloud_mask, producer
 (package version, git revision, resolved options), counts (`summary`: missing images, dates kept
 with S2 only, short series); a prepared ROI also `series` (its absent dates, folders past `times`).
 
@@ -262,6 +268,11 @@ def assemble(stores: Sequence[Path], out: Path) -> None:
     seen: dict[str, Path] = {}
     layouts = {name: ShardLayout.read(first_path, name) for name in IMAGE_VARS}
     for path, ds in opened:
+        if ds.attrs.get("cloud_mask") != first.attrs.get("cloud_mask"):
+            raise BadInputError(
+                f"{path}: cloud mask {ds.attrs.get('cloud_mask')} differs from {first.attrs.get('cloud_mask')} "
+                f"of {first_path}; a split takes one kind of mask"
+            )
         for dim in ("time", "y", "x"):
             if ds.sizes[dim] != first.sizes[dim]:
                 raise BadInputError(
@@ -280,6 +291,8 @@ def assemble(stores: Sequence[Path], out: Path) -> None:
     for name in table.variables:
         table[name].encoding = {}
     table.attrs = store_attrs(source=first.attrs.get("source", ""), options={"assembled_from": sources})
+    if "cloud_mask" in first.attrs:
+        table.attrs["cloud_mask"] = first.attrs["cloud_mask"]
     table.attrs["counts"] = summary(table)
     total = len(seen)
 
