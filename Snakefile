@@ -53,6 +53,4 @@ onstart:
 rule all:
     default_target: True
     input:
-        RUN.final_outputs(MODEL_SET.name)
-        + get_predict_outputs()
-        + get_rehearsal_outputs(),
+        get_all_outputs() + get_predict_outputs() + get_rehearsal_outputs(),

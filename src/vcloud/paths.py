@@ -18,6 +18,14 @@ SPLITS = ("train", "val", "test")
 class RunPaths:
     prepared: str
     results: str
+    # Files this run reads from another run's folder, because that run makes them with the same
+    # identity (research runs, vcloud.workflow.run_paths): (key, that run's results folder), the
+    # keys "stage<n>" (training), "eval<n>" (evaluation), "fixed_protocol" and "wind".
+    homes: tuple[tuple[str, str], ...] = ()
+
+    def home(self, key: str) -> str:
+        """The results folder that holds the file `key`: another run's, or this run's own."""
+        return dict(self.homes).get(key, self.results)
 
     # --- prepared data
     def split_store(self, split: str) -> str:
@@ -29,7 +37,7 @@ class RunPaths:
     # --- a stage's training
     def stage_dir(self, stage: int) -> str:
         """results/<folder>/ of the stage (its registry entry's `folder`)."""
-        return f"{self.results}/{get_stage(stage).folder}"
+        return f"{self.home(f'stage{stage}')}/{get_stage(stage).folder}"
 
     def checkpoint(self, stage: int) -> str:
         return f"{self.stage_dir(stage)}/best.pt"
@@ -39,11 +47,11 @@ class RunPaths:
         return f"{self.stage_dir(stage)}/metrics.jsonl"
 
     def wind_cache(self) -> str:
-        return f"{self.results}/wind/scan_orders.npz"
+        return f"{self.home('wind')}/wind/scan_orders.npz"
 
     # --- evaluation
     def eval_report(self, stage: int) -> str:
-        return f"{self.results}/eval/stage{stage}.json"
+        return f"{self.home(f'eval{stage}')}/eval/stage{stage}.json"
 
     def stage_comparison(self, suffix: str = "json") -> str:
         """Each stage against the one before it on every protocol (vcloud compare-stages)."""
@@ -51,7 +59,7 @@ class RunPaths:
 
     def fixed_protocol(self) -> str:
         """The fixed protocol's detection: written once, read by every evaluation and the viewer."""
-        return f"{self.results}/eval/fixed_protocol.npz"
+        return f"{self.home('fixed_protocol')}/eval/fixed_protocol.npz"
 
     # --- viewer, report, bundle, predict, rehearsal
     def viewer_page(self) -> str:
@@ -74,6 +82,20 @@ class RunPaths:
 
     def transport_report(self) -> str:
         return f"{self.results}/rehearsal/transport.json"
+
+    # --- a research run (experiments x seeds)
+    def run_model_config(self) -> str:
+        """Its model config: the experiment's and the seed's changes applied (vcloud run-config)."""
+        return f"{self.results}/model.yaml"
+
+    def run_outputs(self) -> list[str]:
+        """What `all` asks of a research run: its stages (another run's where shared), their
+        evaluations and its stage table."""
+        return (
+            [self.checkpoint(stage) for stage in STAGE_NUMBERS]
+            + [self.eval_report(stage) for stage in STAGE_NUMBERS]
+            + [self.stage_comparison()]
+        )
 
     # --- what the run makes
     def accounting_inputs(self) -> list[str]:

@@ -75,6 +75,59 @@ def fixed_protocol_settings(model_set) -> dict:
     }
 
 
+# --- research runs: what is made once and read by every run of the same identity ----------
+
+
+def identities(model_set, *, patch_size: int) -> dict[str, str]:
+    """What each shared file of a run depends on, by the key RunPaths.homes names it with: a
+    stage's training (its stage hash: data, its section with its seed, the identities of the
+    stages it builds on), a stage's evaluation (the identities of the stages its predictor reads
+    and the evaluation section), the fixed protocol's detection and the wind cache (their settings)."""
+    from vcloud.config import config_hash
+    from vcloud.config.stage_hash import stage_hash
+
+    found = {f"stage{stage.number}": stage_hash(model_set, stage.number) for stage in STAGES}
+    evaluation = config_hash(model_set.evaluation)
+    for stage in STAGES:
+        needs = [found[f"stage{n}"] for n in stage.predictor_needs]
+        found[f"eval{stage.number}"] = config_hash({"stages": needs, "evaluation": evaluation})
+    found["fixed_protocol"] = config_hash(fixed_protocol_settings(model_set))
+    cfdt = model_set.stage1.model
+    grid = wind_grid(patch_size, cfdt.widths)
+    found["wind"] = config_hash({"grid": list(grid), "sectors": cfdt.wind_sectors})
+    return found
+
+
+def run_paths(runs, *, prepared: str, results: str, patch_size: int) -> list:
+    """Each run's RunPaths: its own folder (results + run.prefix), and for every shared file an
+    earlier run (table order) already makes with the same identity, that run's folder (homes)."""
+    from vcloud.paths import RunPaths
+
+    first: dict[tuple[str, str], str] = {}
+    out = []
+    for run in runs:
+        own = f"{results}{run.prefix}"
+        homes = []
+        for key, identity in identities(run.model_set, patch_size=patch_size).items():
+            home = first.setdefault((key, identity), own)
+            if home != own:
+                homes.append((key, home))
+        out.append(RunPaths(prepared=prepared, results=own, homes=tuple(homes)))
+    return out
+
+
+def makers(runs, paths, key: str) -> list[str]:
+    """The prefixes of the runs that make the shared file `key` (read from no other run)."""
+    return [run.prefix for run, p in zip(runs, paths, strict=True) if key not in dict(p.homes)]
+
+
+def prefix_pattern(prefixes) -> str:
+    """The wildcard constraint of `{run}` that matches exactly these run prefixes ("" included)."""
+    prefixes = list(prefixes)
+    # Grouped: snakemake takes an empty constraint ("", the single run's) for none at all.
+    return "(?:" + "|".join(re.escape(prefix) for prefix in prefixes) + ")" if prefixes else "(?!)"
+
+
 def checkpoint_flags(inputs: dict[str, str]) -> str:
     """`--stage<n> PATH` per checkpoint input and `--wind-cache PATH`, in input order."""
     names = [n for n in inputs if re.fullmatch(r"stage\d+", n) or n == "wind_cache"]

@@ -1,5 +1,6 @@
 # Settings, wildcards and the raw-data input functions shared by every rules file (get_* / is_*).
 # Result paths and the stages' inputs: paths.smk; SLURM and container wiring: cluster.smk.
+import json
 import shlex
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,8 +13,11 @@ from vcloud.data.archive import (
     discover_raw_rois,
     index_file,
 )
+from vcloud.config.experiments import is_research, plan_runs
 from vcloud.data.layout import parse_roi
 from vcloud.data.splits import assign_splits
+from vcloud import workflow as logic
+from vcloud.errors import ConfigError
 from vcloud.paths import RunPaths
 
 check_data_config(config)  # one line for old keys (data.raw_dir) before anything else
@@ -180,3 +184,14 @@ def get_model_config():
 
 
 MODEL_SET = load_model_config(get_model_config())
+# The runs: one per experiment and seed (config `experiments:`, `seeds:`), each under
+# results/<experiment>/seed<k>/; without those keys one run, in results/ itself. Every run's paths
+# name the run that makes each file it shares with earlier runs (docs/workflow.md).
+try:
+    RUNS = plan_runs(config, get_model_config())
+    RUN_PATHS = logic.run_paths(
+        RUNS, prepared=PREPARED, results=RESULTS, patch_size=DATA["patch_size"]
+    )
+except ConfigError as err:
+    raise WorkflowError(str(err)) from None
+RESEARCH = is_research(config)

@@ -7,13 +7,17 @@
 # on all the rule's threads: every evaluate_stage<n> and export_viewer read it instead of detecting.
 rule fixed_protocol:
     input:
+        unpack(get_run_config_input),
         store=RUN.split_store("test"),
     output:
-        detected=RUN.fixed_protocol(),
+        detected=PATTERN.fixed_protocol(),
     log:
-        "logs/fixed_protocol/fixed_protocol.log",
+        "logs/fixed_protocol{run}/fixed_protocol.log",
     benchmark:
-        "benchmarks/fixed_protocol/fixed_protocol.tsv"
+        "benchmarks/fixed_protocol{run}/fixed_protocol.tsv"
+    # One detection per fixed-protocol setting: the first run with it makes it, the others read it.
+    wildcard_constraints:
+        run=get_makers("fixed_protocol"),
     conda:
         "../../envs/vcloud.yaml"
     container:
@@ -22,8 +26,8 @@ rule fixed_protocol:
     resources:
         **get_slurm_resources("fixed_protocol"),
     params:
-        config=get_model_config(),
-        settings=get_fixed_protocol_hash(),
+        config=get_run_model_config,
+        settings=get_fixed_protocol_hash,
     shell:
         "vcloud fixed-protocol --store {input.store} --config {params.config} --out {output.detected}"
         " --threads {threads} > {log} 2>&1"
@@ -35,13 +39,16 @@ for stage in STAGE_NUMBERS:
         name:
             f"evaluate_stage{stage}"
         input:
-            **get_evaluate_input(stage),
+            unpack(get_evaluate_input(stage)),
         output:
-            report=RUN.eval_report(stage),
+            report=PATTERN.eval_report(stage),
         log:
-            f"logs/evaluate_stage{stage}/evaluate_stage{stage}.log",
+            f"logs/evaluate_stage{stage}{{run}}/evaluate_stage{stage}.log",
         benchmark:
-            f"benchmarks/evaluate_stage{stage}/evaluate_stage{stage}.tsv"
+            f"benchmarks/evaluate_stage{stage}{{run}}/evaluate_stage{stage}.tsv"
+        # Only the run that makes the evaluation: another with the same stages reads its report.
+        wildcard_constraints:
+            run=get_makers(f"eval{stage}"),
         retries: get_retries(f"evaluate_stage{stage}")
         conda:
             "../../envs/vcloud.yaml"
@@ -57,8 +64,8 @@ for stage in STAGE_NUMBERS:
                 f"evaluate_stage{stage}"
             ),
             stage=stage,
-            config=get_model_config(),
-            evaluation=get_evaluation_hash(),
+            config=get_run_model_config,
+            evaluation=get_evaluation_hash,
             checkpoints=lambda wildcards, input: get_checkpoint_flags(input),
         shell:
             "{params.launch} vcloud evaluate --stage {params.stage} --store {input.store} --out {output.report}"
@@ -139,19 +146,21 @@ rule report_curves:
 
 rule report_tables:
     input:
-        reports=[RUN.eval_report(stage) for stage in STAGE_NUMBERS],
+        reports=get_stage_tables_input,
     output:
         page=report(
-            RUN.report_file("evaluation.html"),
+            PATTERN.report_file("evaluation.html"),
             caption="../report/evaluation.rst",
             category="Evaluation",
         ),
-        stages=RUN.stage_comparison(),
-        stages_md=RUN.stage_comparison("md"),
+        stages=PATTERN.stage_comparison(),
+        stages_md=PATTERN.stage_comparison("md"),
     log:
-        "logs/report_tables/report_tables.log",
+        "logs/report_tables{run}/report_tables.log",
     benchmark:
-        "benchmarks/report_tables/report_tables.tsv"
+        "benchmarks/report_tables{run}/report_tables.tsv"
+    wildcard_constraints:
+        run=get_all_runs(),
     conda:
         "../../envs/vcloud.yaml"
     container:
@@ -166,7 +175,7 @@ rule report_tables:
 
 rule accounting:
     input:
-        RUN.accounting_inputs(),
+        get_accounting_input(),
     output:
         tsv=RUN.report_file("accounting.tsv"),
         page=report(

@@ -1,44 +1,104 @@
 # Result paths and the input functions of the training, evaluation and export rules. Which
 # checkpoints a rule takes comes from the stage registry (src/vcloud/registry.py) through
-# vcloud.workflow; this file only names the paths of this run.
+# vcloud.workflow; this file only names the paths of the runs (common.smk: RUNS, RUN_PATHS).
+# The rules that each run has (training, evaluation, the fixed protocol, the wind cache, the
+# stage tables) take the run from the wildcard {run}: "" for a single run, "/<experiment>/seed<k>"
+# for a research run; their input functions read that run's model set and paths.
 from vcloud import workflow as logic
 from vcloud.config import config_hash, stage_config_dict
 from vcloud.errors import ConfigError
 from vcloud.registry import STAGE_NUMBERS, VIEWER_STAGES
 
+# The paths of every rule that has a {run} wildcard: results{run}/stage<n>/best.pt, ...
+PATTERN = RunPaths(prepared=PREPARED, results=f"{RESULTS}{{run}}")
+RUN_OF = {run.prefix: (run, paths) for run, paths in zip(RUNS, RUN_PATHS)}
+
+
+def get_run(wildcards):
+    """(Run, RunPaths) of a job's {run} wildcard."""
+    return RUN_OF[wildcards.run]
+
+
+def get_run_model_set(wildcards):
+    return RUN_OF[wildcards.run][0].model_set
+
+
+def get_makers(key):
+    """The {run} wildcard's constraint for a file `key` of RunPaths.homes ("stage<n>", "eval<n>",
+    "fixed_protocol", "wind"): the runs that make it, not those that read another run's.
+    """
+    return logic.prefix_pattern(logic.makers(RUNS, RUN_PATHS, key))
+
+
+def get_all_runs():
+    return logic.prefix_pattern(RUN_OF)
+
+
+def get_research_runs():
+    """run_config's constraint: research runs only (a single run uses the model config itself)."""
+    return logic.prefix_pattern(RUN_OF if RESEARCH else [])
+
+
+def get_run_model_config(wildcards):
+    """The model config a run's jobs read: config.model_config, or the run's own (run_config)."""
+    return (
+        RUN_OF[wildcards.run][1].run_model_config() if RESEARCH else get_model_config()
+    )
+
+
+def get_run_config_input(wildcards):
+    """A research run's model config as an input, ancient: the stage hash (a param) decides what
+    reruns when it changes, not its time."""
+    return (
+        {"model_config": ancient(get_run_model_config(wildcards))} if RESEARCH else {}
+    )
+
+
+def get_run_changes(wildcards):
+    """A research run's model-config changes (the experiment's, then the seed's) as JSON."""
+    return json.dumps(get_run(wildcards)[0].changes, sort_keys=True)
+
 
 def get_stage_hash(stage):
     """Changes when a setting the stage depends on changes: the rule reruns (params trigger)."""
-    return config_hash(stage_config_dict(MODEL_SET, stage))
+    return lambda wildcards: config_hash(
+        stage_config_dict(get_run(wildcards)[0].model_set, stage)
+    )
 
 
-def is_wind_scan():
-    return MODEL_SET.stage1.model.wind_scan
+def is_wind_scan(model_set=MODEL_SET):
+    return model_set.stage1.model.wind_scan
 
 
-def get_wind_grid():
+def get_wind_grid(model_set=MODEL_SET):
     """The CFDT's coarsest token grid for whole patches: patch_size / 8 on each side."""
     try:
-        return logic.wind_grid(DATA["patch_size"], MODEL_SET.stage1.model.widths)
+        return logic.wind_grid(DATA["patch_size"], model_set.stage1.model.widths)
     except ConfigError as err:
         raise WorkflowError(str(err)) from None
 
 
-def get_wind_cache_input():
+def get_wind_cache_input(model_set=MODEL_SET, paths=RUN):
     """The wind cache when the CFDT scans by wind (stages that read it take it as input)."""
-    return RUN.wind_cache() if is_wind_scan() else None
+    return paths.wind_cache() if is_wind_scan(model_set) else None
 
 
 def get_train_input(stage):
     """Split stores, the best.pt of every stage this one builds on, and the wind cache."""
-    return logic.train_inputs(
-        stage,
-        MODEL_SET,
-        train=RUN.split_store("train"),
-        val=RUN.split_store("val"),
-        checkpoint_path=RUN.checkpoint,
-        wind_cache=get_wind_cache_input(),
-    )
+
+    def inputs(wildcards):
+        run, paths = get_run(wildcards)
+        found = logic.train_inputs(
+            stage,
+            run.model_set,
+            train=paths.split_store("train"),
+            val=paths.split_store("val"),
+            checkpoint_path=paths.checkpoint,
+            wind_cache=get_wind_cache_input(run.model_set, paths),
+        )
+        return {**found, **get_run_config_input(wildcards)}
+
+    return inputs
 
 
 def get_checkpoint_flags(input):
@@ -50,25 +110,55 @@ def get_evaluate_input(stage):
     """The test split, the checkpoints a stage's predictions need, and the pairing file of
     protocol uncrtaints when the model config names one (vcloud evaluate reads it there).
     """
-    inputs = logic.evaluate_inputs(
-        stage,
-        store=RUN.split_store("test"),
-        checkpoint_path=RUN.checkpoint,
-        wind_cache=get_wind_cache_input(),
-    )
-    inputs["fixed_protocol"] = RUN.fixed_protocol()
-    pairs = MODEL_SET.evaluation.uncrtaints.pairs
-    return {**inputs, "uncrtaints_pairs": pairs} if pairs else inputs
+
+    def inputs(wildcards):
+        run, paths = get_run(wildcards)
+        found = logic.evaluate_inputs(
+            stage,
+            store=paths.split_store("test"),
+            checkpoint_path=paths.checkpoint,
+            wind_cache=get_wind_cache_input(run.model_set, paths),
+        )
+        found["fixed_protocol"] = paths.fixed_protocol()
+        pairs = run.model_set.evaluation.uncrtaints.pairs
+        found.update({"uncrtaints_pairs": pairs} if pairs else {})
+        return {**found, **get_run_config_input(wildcards)}
+
+    return inputs
 
 
-def get_evaluation_hash():
+def get_evaluation_hash(wildcards):
     """Changes when the model config's evaluation section changes: the evaluations rerun."""
-    return config_hash(MODEL_SET.evaluation)
+    return config_hash(get_run(wildcards)[0].model_set.evaluation)
 
 
-def get_fixed_protocol_hash():
+def get_fixed_protocol_hash(wildcards):
     """Changes when a model setting the fixed samples depend on changes: the file is remade."""
-    return config_hash(logic.fixed_protocol_settings(MODEL_SET))
+    return config_hash(logic.fixed_protocol_settings(get_run(wildcards)[0].model_set))
+
+
+def get_stage_tables_input(wildcards):
+    """report_tables' inputs: the run's evaluation reports, where each run's stage is scored."""
+    paths = get_run(wildcards)[1]
+    return [paths.eval_report(stage) for stage in STAGE_NUMBERS]
+
+
+def get_all_outputs():
+    """What `all` asks for: the single run's every output, or each research run's checkpoints,
+    evaluations and stage tables, the comparison of the runs and the accounting."""
+    if not RESEARCH:
+        return RUN.final_outputs(MODEL_SET.name)
+    return get_research_outputs() + [RUN.report_file("accounting.tsv")]
+
+
+def get_research_outputs():
+    """Every research run's files (a shared one once), the accounting's inputs."""
+    files = [f for paths in RUN_PATHS for f in paths.run_outputs()]
+    return list(dict.fromkeys(files))
+
+
+def get_accounting_input():
+    return get_research_outputs() if RESEARCH else RUN.accounting_inputs()
 
 
 def get_viewer_input():

@@ -4,11 +4,14 @@
 
 rule wind_cache:
     output:
-        cache=RUN.wind_cache(),
+        cache=PATTERN.wind_cache(),
     log:
-        "logs/wind_cache/wind_cache.log",
+        "logs/wind_cache{run}/wind_cache.log",
     benchmark:
-        "benchmarks/wind_cache/wind_cache.tsv"
+        "benchmarks/wind_cache{run}/wind_cache.tsv"
+    # One cache per wind setting: the first run with it makes it, the others read it.
+    wildcard_constraints:
+        run=get_makers("wind"),
     conda:
         "../../envs/vcloud.yaml"
     container:
@@ -17,9 +20,9 @@ rule wind_cache:
     resources:
         **get_slurm_resources("wind_cache"),
     params:
-        grid_h=lambda wildcards: get_wind_grid()[0],
-        grid_w=lambda wildcards: get_wind_grid()[1],
-        sectors=MODEL_SET.stage1.model.wind_sectors,
+        grid_h=lambda wildcards: get_wind_grid(get_run_model_set(wildcards))[0],
+        grid_w=lambda wildcards: get_wind_grid(get_run_model_set(wildcards))[1],
+        sectors=lambda wildcards: get_run_model_set(wildcards).stage1.model.wind_sectors,
     shell:
         "vcloud wind-cache --out {output.cache} --grid-h {params.grid_h} --grid-w {params.grid_w}"
         " --sectors {params.sectors} > {log} 2>&1"

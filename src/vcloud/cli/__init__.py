@@ -28,6 +28,7 @@ COMMANDS = (
     data.add_verify,
     data.add_era5_wind,
     data.add_wind_cache,
+    train.add_run_config,
     train.add_train,
     evaluate.add_evaluate,
     data.add_uncrtaints_convert,

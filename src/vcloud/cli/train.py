@@ -46,6 +46,34 @@ def run_train(args: argparse.Namespace) -> None:
     )
 
 
+def add_run_config(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run-config", help="a research run's model config: a model config with an experiment's and a seed's changes"
+    )
+    p.add_argument("--config", type=Path, required=True, help="config/models/*.yaml the changes apply to")
+    p.add_argument(
+        "--changes",
+        required=True,
+        metavar="JSON",
+        help='model-config keys to change, as a JSON mapping ({"data": {"s1_dropout": 0}}); a key the config lacks is refused',
+    )
+    p.add_argument("--out", type=Path, required=True, help="the resolved model config (YAML)")
+    p.set_defaults(func=run_run_config)
+
+
+def run_run_config(args: argparse.Namespace) -> None:
+    import json
+
+    from vcloud.config.experiments import write_run_config
+    from vcloud.errors import ConfigError
+
+    try:
+        changes = json.loads(args.changes)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"--changes: not JSON ({err})") from None
+    write_run_config(args.config, changes, args.out)
+
+
 def add_memory(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("memory", help="memory estimate per component of the stage-1 model")
     p.add_argument("--config", type=Path, required=True, help="config/models/*.yaml")

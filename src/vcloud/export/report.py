@@ -222,7 +222,7 @@ def collect_costs(benchmarks: Path, resources: dict) -> list[RuleCost]:
     """One RuleCost per rule folder under `benchmarks` that holds at least one TSV."""
     costs = []
     for folder in sorted(p for p in Path(benchmarks).iterdir() if p.is_dir()):
-        files = sorted(folder.glob("*.tsv"))
+        files = sorted(folder.rglob("*.tsv"))  # research runs: benchmarks/<rule>/<experiment>/seed<k>/
         if not files:
             continue
         times = [read_benchmark(f) for f in files]

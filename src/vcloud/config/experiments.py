@@ -1,0 +1,167 @@
+"""Research runs: the workflow config's `experiments:` and `seeds:` as runs, one per pair.
+
+An experiment is a name and changes of model-config keys (config/models/*.yaml), applied by the
+one override mechanism (vcloud.config.overlay, strict: a key the model config lacks is refused).
+A seed sets every stage's `train.seed` (what each stage draws its training samples, clouds and
+initial weights from), nothing else: the splits, the fixed protocol's samples, the viewer's
+choice and the synthetic data have seeds of their own in the workflow config.
+
+Without either key (the default) there is one run whose files lie where a single run's always
+have (`results/stage<n>/...`); with either, each run's files lie under
+`results/<experiment>/seed<k>/`, and a run's stage, evaluation, fixed protocol or wind cache whose
+identity an earlier run (table order: experiments, then seeds) already has is read from that
+run's folder instead of being made again (vcloud.workflow.run_paths; docs/workflow.md,
+"Experiments and seeds").
+Every problem is one ConfigError naming the key, raised while the workflow is parsed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vcloud.config.coerce import from_dict
+from vcloud.config.model_sets import ModelSetConfig, model_config_data
+from vcloud.config.overlay import overlay
+from vcloud.errors import ConfigError
+from vcloud.registry import STAGES
+
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+# Folders a run's results folder holds beside the experiments' (results/<name>/...).
+RESERVED_NAMES = frozenset(
+    {"prepared", "eval", "wind", "viewer", "report", "bundle", "predict", "rehearsal", "compare"}
+    | {stage.folder for stage in STAGES}
+)
+# Model-config keys no experiment may change: the model set's name (the bundle's file name) and
+# the evaluation section, which fixes the protocols' samples that every run is scored on.
+SHARED_MODEL_KEYS = ("name", "evaluation")
+# The experiment a run without an `experiments:` table belongs to (several seeds of one config).
+DEFAULT_EXPERIMENT = "base"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One experiment under one seed."""
+
+    experiment: str
+    seed: int | None  # None: the model config's own training seeds (no `seeds:` list)
+    prefix: str  # "" (a single run) or "/<experiment>/seed<k>": results<prefix>/...
+    changes: dict = field(compare=False)  # model-config changes: the experiment's, then the seed's
+    model_set: ModelSetConfig = field(compare=False)
+
+    @property
+    def label(self) -> str:
+        return self.experiment if self.seed is None else f"{self.experiment}/seed{self.seed}"
+
+
+def is_research(config: dict) -> bool:
+    """Experiments or seeds given: each run under results/<experiment>/seed<k>/."""
+    return bool(config.get("experiments")) or config.get("seeds") is not None
+
+
+def plan_runs(config: dict, model_config: Path) -> list[Run]:
+    """The runs of a (validated) workflow config over the model config `model_config`."""
+    base = model_config_data(Path(model_config))
+    experiments = _experiments(config, base)
+    seeds = _seeds(config)
+    if not is_research(config):
+        return [Run(DEFAULT_EXPERIMENT, None, "", {}, _model_set(base, {}, "model_config"))]
+    runs = []
+    for where, name, changes in experiments:
+        for seed in seeds:
+            combined = overlay(changes, _seed_changes(seed)) if seed is not None else changes
+            model_set = _model_set(base, combined, where)
+            runs.append(Run(name, seed, f"/{name}/seed{seed}" if seed is not None else f"/{name}", combined, model_set))
+    return runs
+
+
+def _experiments(config: dict, base: dict) -> list[tuple[str, str, dict]]:
+    table = config.get("experiments") or []
+    if not table:
+        return [("model_config", DEFAULT_EXPERIMENT, {})]
+    seen: dict[str, str] = {}
+    out = []
+    for index, entry in enumerate(table):
+        where = f"experiments[{index}]"
+        name = str(entry.get("name", ""))
+        if not SAFE_NAME.fullmatch(name):
+            raise ConfigError(
+                f"{where}.name: {name!r} is not a safe folder name (1-64 letters, digits, '_' or '-', "
+                "the first a letter or digit)"
+            )
+        if name in RESERVED_NAMES:
+            raise ConfigError(
+                f"{where}.name: {name!r} is a folder of the results already ({', '.join(sorted(RESERVED_NAMES))})"
+            )
+        if name in seen:
+            raise ConfigError(f"{where}.name: {name!r} is the name of {seen[name]} too")
+        seen[name] = where
+        changes = entry.get("overrides") or {}
+        _check_changes(changes, base, config, f"{where}.overrides")
+        out.append((where, name, changes))
+    return out
+
+
+def _check_changes(changes: dict, base: dict, config: dict, where: str) -> None:
+    for key in SHARED_MODEL_KEYS:
+        if key in changes:
+            raise ConfigError(
+                f"{where}.{key}: may not differ between experiments (every run is scored on the same "
+                "protocols and bundled under the model set's name)"
+            )
+    workflow_data = set(config.get("data") or {})
+    for key in changes.get("data") or {}:
+        if key in workflow_data and key not in (base.get("data") or {}):
+            raise ConfigError(
+                f"{where}.data.{key}: a workflow setting (config data.{key}: the ROIs, splits and "
+                "prepared data every experiment shares), not a model-config key an experiment may change"
+            )
+    for stage in STAGES:
+        if "seed" in ((changes.get(stage.name) or {}).get("train") or {}):
+            raise ConfigError(f"{where}.{stage.name}.train.seed: the training seeds come from `seeds:`")
+    overlay(base, changes, where=where, strict=True)
+
+
+def _seeds(config: dict) -> list[int | None]:
+    seeds = config.get("seeds")
+    if seeds is None:
+        return [None]
+    if not seeds:
+        raise ConfigError("seeds: empty list (give one seed or more, or leave the key out for the model config's own)")
+    for index, seed in enumerate(seeds):
+        if seeds.index(seed) != index:
+            raise ConfigError(f"seeds[{index}]: {seed} is listed twice")
+    return list(seeds)
+
+
+def _seed_changes(seed: int) -> dict:
+    """A seed's changes: every stage's training seed (never a data, split or protocol seed)."""
+    return {stage.name: {"train": {"seed": seed}} for stage in STAGES}
+
+
+def _model_set(base: dict, changes: dict, where: str) -> ModelSetConfig:
+    data = overlay(base, changes, where=where, strict=True)
+    try:
+        return from_dict(ModelSetConfig, data, "")
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+
+
+def write_run_config(base: Path, changes: dict, out: Path) -> ModelSetConfig:
+    """`vcloud run-config`: the model config `base` with a run's changes applied (strict), checked
+    and written whole (every key resolved, no `based_on:`) to `out`, atomically: what the run's
+    stages train and are scored with, and what their checkpoints record."""
+    import json
+
+    import yaml
+
+    from vcloud.config.model_sets import config_to_dict
+    from vcloud.io import atomic_write_text
+
+    if not isinstance(changes, dict):
+        raise ConfigError(f"--changes: expected a JSON mapping of model-config keys, got {type(changes).__name__}")
+    model_set = _model_set(model_config_data(Path(base)), changes, "--changes")
+    header = f"# {base} with {json.dumps(changes)} (written by vcloud run-config for a research run)\n"
+    atomic_write_text(Path(out), header + yaml.safe_dump(config_to_dict(model_set), sort_keys=False))
+    return model_set

@@ -1,0 +1,154 @@
+"""Research runs: experiments x seeds as runs, their bad input, and the shared files' homes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vcloud.cli import main
+from vcloud.config import load_model_config
+from vcloud.config.experiments import plan_runs
+from vcloud.config.stage_hash import stage_hash
+from vcloud.errors import ConfigError
+from vcloud.workflow import makers, prefix_pattern, run_paths
+
+ROOT = Path(__file__).parents[2]
+SMALL = ROOT / "config/models/small.yaml"
+WORKFLOW_DATA = {"rois": "all", "splits": {"test": 1, "val": 1}, "patch_size": 64}
+
+
+def plan(**keys):
+    return plan_runs({"data": WORKFLOW_DATA, **keys}, SMALL)
+
+
+def paths_of(runs):
+    return run_paths(runs, prepared="results/prepared", results="results", patch_size=64)
+
+
+def test_without_experiments_or_seeds_one_run_in_results_itself():
+    (run,) = plan(experiments=[], seeds=None)
+    assert run.prefix == "" and run.changes == {}
+    assert run.model_set == load_model_config(SMALL)
+    (paths,) = paths_of([run])
+    assert paths.checkpoint(2) == "results/stage2/best.pt" and paths.homes == ()
+    assert paths.fixed_protocol() == "results/eval/fixed_protocol.npz"
+
+
+def test_experiments_times_seeds_in_table_order_each_with_its_changes():
+    runs = plan(
+        experiments=[{"name": "base"}, {"name": "no_s1", "overrides": {"data": {"s1_dropout": 0.0}}}],
+        seeds=[0, 7],
+    )
+    assert [r.prefix for r in runs] == ["/base/seed0", "/base/seed7", "/no_s1/seed0", "/no_s1/seed7"]
+    no_s1_seed7 = runs[3].model_set
+    assert no_s1_seed7.data.s1_dropout == 0.0 and runs[1].model_set.data.s1_dropout == 0.25
+    # A seed is every stage's training seed, and nothing else of the model config.
+    assert {no_s1_seed7.stage0.train.seed, no_s1_seed7.stage1.train.seed, no_s1_seed7.stage3.train.seed} == {7}
+    assert runs[1].model_set.evaluation == runs[0].model_set.evaluation
+    assert runs[1].model_set.data == runs[0].model_set.data
+
+
+def test_seeds_alone_make_runs_of_the_base_experiment():
+    assert [r.prefix for r in plan(seeds=[1, 2])] == ["/base/seed1", "/base/seed2"]
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ({"experiments": [{"name": "a/b"}]}, "experiments[0].name: 'a/b' is not a safe folder name"),
+        ({"experiments": [{"name": ".."}]}, "experiments[0].name: '..' is not a safe folder name"),
+        ({"experiments": [{"name": "stage1"}]}, "experiments[0].name: 'stage1' is a folder of the results"),
+        ({"experiments": [{"name": "a"}, {"name": "a"}]}, "experiments[1].name: 'a' is the name of experiments[0] too"),
+        (
+            {"experiments": [{"name": "a", "overrides": {"stage1": {"train": {"lrr": 1}}}}]},
+            "experiments[0].overrides.stage1.train.lrr: no such key to override",
+        ),
+        (
+            {"experiments": [{"name": "a", "overrides": {"data": {"splits": {"test": 2}}}}]},
+            "experiments[0].overrides.data.splits: a workflow setting",
+        ),
+        (
+            {"experiments": [{"name": "a", "overrides": {"evaluation": {"reference_truths": 2}}}]},
+            "experiments[0].overrides.evaluation: may not differ between experiments",
+        ),
+        (
+            {"experiments": [{"name": "a", "overrides": {"stage2": {"train": {"seed": 3}}}}]},
+            "experiments[0].overrides.stage2.train.seed: the training seeds come from `seeds:`",
+        ),
+        (
+            {"experiments": [{"name": "a", "overrides": {"stage1": {"train": {"lr": -1}}}}]},
+            "experiments[0]: key stage1.train.lr: -1.0 must be > 0",
+        ),
+        ({"seeds": []}, "seeds: empty list"),
+        ({"seeds": [1, 2, 1]}, "seeds[2]: 1 is listed twice"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_key(keys, message):
+    with pytest.raises(ConfigError) as err:
+        plan(**keys)
+    assert str(err.value).startswith(message), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_stage_of_the_same_identity_is_made_once_by_the_first_run_with_it():
+    runs = plan(
+        experiments=[
+            {"name": "base"},
+            {"name": "s3_lr", "overrides": {"stage3": {"train": {"lr": 1.0e-4}}}},
+            {"name": "no_s1", "overrides": {"data": {"s1_dropout": 0.0}}},
+        ],
+        seeds=[0, 1],
+    )
+    paths = {run.prefix: p for run, p in zip(runs, paths_of(runs), strict=True)}
+    s3_lr = paths["/s3_lr/seed1"]
+    # Stages 0-2 are base's (same hash, same seed); stage 3 and its evaluation are its own.
+    assert s3_lr.checkpoint(2) == "results/base/seed1/stage2/best.pt"
+    assert s3_lr.eval_report(2) == "results/base/seed1/eval/stage2.json"
+    assert s3_lr.checkpoint(3) == "results/s3_lr/seed1/stage3/best.pt"
+    assert s3_lr.eval_report(3) == "results/s3_lr/seed1/eval/stage3.json"
+    # Another seed is another stage: never shared across seeds.
+    assert paths["/base/seed1"].checkpoint(0) == "results/base/seed1/stage0/best.pt"
+    # A data change reaches every stage (their hashes hold the data section).
+    assert paths["/no_s1/seed0"].checkpoint(0) == "results/no_s1/seed0/stage0/best.pt"
+    # The fixed protocol and the wind cache do not depend on the seed: made once for all.
+    assert {p.fixed_protocol() for p in paths.values()} == {"results/base/seed0/eval/fixed_protocol.npz"}
+    assert {p.wind_cache() for p in paths.values()} == {"results/base/seed0/wind/scan_orders.npz"}
+    assert stage_hash(runs[2].model_set, 2) == stage_hash(runs[0].model_set, 2)
+    assert makers(runs, paths_of(runs), "stage2") == ["/base/seed0", "/base/seed1", "/no_s1/seed0", "/no_s1/seed1"]
+    assert makers(runs, paths_of(runs), "stage3") == [r.prefix for r in runs]
+
+
+def test_a_change_of_the_fixed_samples_gets_its_own_fixed_protocol():
+    runs = plan(experiments=[{"name": "a"}, {"name": "t3", "overrides": {"data": {"input_dates": 3}}}], seeds=[0])
+    a, t3 = paths_of(runs)
+    assert a.fixed_protocol() == "results/a/seed0/eval/fixed_protocol.npz"
+    assert t3.fixed_protocol() == "results/t3/seed0/eval/fixed_protocol.npz"
+
+
+def test_prefix_pattern_matches_exactly_its_runs():
+    import re
+
+    assert re.fullmatch(prefix_pattern([""]), "")
+    pattern = prefix_pattern(["/a/seed0", "/b.c/seed1"])
+    assert (
+        re.fullmatch(pattern, "/a/seed0") and not re.fullmatch(pattern, "") and not re.fullmatch(pattern, "/bxc/seed1")
+    )
+    assert not re.fullmatch(prefix_pattern([]), "")
+
+
+def test_run_config_writes_the_resolved_config_and_refuses_an_unknown_key(tmp_path, capsys):
+    out = tmp_path / "model.yaml"
+    assert (
+        main(
+            ["run-config", "--config", str(SMALL), "--changes", '{"stage1": {"train": {"seed": 5}}}', "--out", str(out)]
+        )
+        == 0
+    )
+    cfg = load_model_config(out)
+    assert cfg.stage1.train.seed == 5 and cfg.stage1 != load_model_config(SMALL).stage1
+    assert cfg.stage2 == load_model_config(SMALL).stage2
+    bad = tmp_path / "bad.yaml"
+    assert main(["run-config", "--config", str(SMALL), "--changes", '{"stage9": {}}', "--out", str(bad)]) == 2
+    assert "--changes.stage9: no such key to override" in capsys.readouterr().err
+    assert not bad.exists()

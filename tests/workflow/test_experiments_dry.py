@@ -1,0 +1,71 @@
+"""Research runs through snakemake's dry run: experiments x seeds become targets under
+results/<experiment>/seed<k>/, a stage of the same identity is trained once, one run's stage is
+made by its own target, and bad input stops the workflow before any job with one line."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from tests.workflow.snakemake_run import run
+
+pytestmark = pytest.mark.workflow
+
+GRID = {
+    "experiments": [
+        {"name": "base"},
+        {"name": "s3_lr", "overrides": {"stage3": {"train": {"lr": 1.0e-4}}}},
+        {"name": "no_s1", "overrides": {"data": {"s1_dropout": 0.0}}},
+    ],
+    "seeds": [0, 1],
+}
+
+
+def dry_run(work, config, *targets, check=True):
+    (work / "grid.yaml").write_text(yaml.safe_dump(config))
+    return run(
+        ["-n", "-p", "--cores", "1", "-d", str(work), *targets, "--configfile", "grid.yaml"], cwd=work, check=check
+    )
+
+
+def job_counts(stdout: str) -> dict[str, int]:
+    table = stdout.split("job ", 1)[1].split("total", 1)[0]
+    return {name: int(n) for name, n in re.findall(r"^(\w+)\s+(\d+)$", table, flags=re.M)}
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    return dry_run(tmp_path_factory.mktemp("grid"), GRID).stdout
+
+
+def test_each_experiment_and_seed_is_a_run_and_shared_stages_train_once(grid):
+    counts = job_counts(grid)
+    # 3 experiments x 2 seeds; s3_lr changes stage 3 only, so stages 0-2 are base's: 4 of each
+    # (base and no_s1, two seeds), 6 stage-3 trainings and evaluations; data prepared once.
+    assert counts["train_stage0"] == counts["train_stage2"] == counts["evaluate_stage2"] == 4, counts
+    assert counts["train_stage3"] == counts["evaluate_stage3"] == counts["report_tables"] == 6, counts
+    assert counts["assemble_split"] == 3 and counts["fixed_protocol"] == counts["wind_cache"] == 1, counts
+    assert counts["run_config"] == 6 and "export_viewer" not in counts, counts
+    commands = [line for line in grid.splitlines() if "vcloud train --stage 3" in line]
+    s3_lr = next(line for line in commands if "--out results/s3_lr/seed1/stage3" in line)
+    assert "--config results/s3_lr/seed1/model.yaml" in s3_lr, s3_lr
+    assert "--stage2 results/base/seed1/stage2/best.pt" in s3_lr, s3_lr
+    assert "> logs/train_stage3/s3_lr/seed1/train_stage3.log" in s3_lr, s3_lr
+    # Every run reads the same prepared splits.
+    assert all("--train results/prepared/train.zarr" in line for line in commands)
+
+
+def test_one_stage_of_one_seed_of_one_experiment_is_made_by_its_target(tmp_path):
+    counts = job_counts(dry_run(tmp_path, GRID, "results/no_s1/seed1/stage1/best.pt").stdout)
+    assert counts["train_stage1"] == 1 and counts["train_stage0"] == 1, counts  # stage 1 starts from stage 0
+    assert "train_stage2" not in counts and counts["run_config"] == 1, counts
+
+
+def test_bad_input_stops_before_any_job_with_one_line_naming_the_key(tmp_path):
+    bad = {"experiments": [{"name": "a", "overrides": {"stage1": {"train": {"lrr": 1.0}}}}], "seeds": [0]}
+    proc = dry_run(tmp_path, bad, check=False)
+    assert proc.returncode != 0
+    assert "experiments[0].overrides.stage1.train.lrr: no such key to override" in proc.stdout + proc.stderr
+    assert not (tmp_path / "results").exists() and not (tmp_path / "logs").exists()
