@@ -99,16 +99,37 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
         help="a plain folder's SCL/: the cloud probability of an SCL class (repeatable; given, it replaces the whole "
         "default table 0=1 1=1 3=0.5 8=0.8 9=1 10=0.5; unlisted codes are clear; docs/data.md)",
     )
+    p.add_argument(
+        "--bands",
+        default="l1c",
+        help="the S2 files' bands, in file order: a preset (l1c: the 13 Level-1C bands; l2a: 12, no B10; 10m_20m: "
+        "B2-B8A, B11, B12) or a comma-separated list; other than l1c only in a plain folder (docs/data.md)",
+    )
+    p.add_argument("--level", choices=("L1C", "L2A"), default="L1C", help="the S2 files' product level")
+    p.add_argument(
+        "--boa-offset",
+        type=int,
+        help="Level-2A: the BOA_ADD_OFFSET of files whose metadata give neither it nor the processing baseline "
+        "(-1000 from baseline 04.00, 0 before)",
+    )
     p.set_defaults(func=run_prepare)
 
 
 def run_prepare(args: argparse.Namespace) -> None:
+    from vcloud.bands import BandSetError, resolve_bands
     from vcloud.constants import N_TIMES
     from vcloud.data.clouds import CloudThresholds
     from vcloud.data.folder import folder_times
     from vcloud.data.layout import parse_roi
     from vcloud.data.masks import parse_scl_flags
     from vcloud.data.prepare import prepare_roi
+    from vcloud.data.s2files import S2Spec
+    from vcloud.errors import BadInputError
+
+    try:
+        s2 = S2Spec(bands=resolve_bands(args.bands, key="--bands"), level=args.level, boa_offset=args.boa_offset)
+    except BandSetError as err:
+        raise BadInputError(str(err)) from None
 
     times = args.times or folder_times(args.raw) or N_TIMES  # a plain folder: its dates
     prepare_roi(
@@ -127,6 +148,7 @@ def run_prepare(args: argparse.Namespace) -> None:
         workers=args.threads,
         index_dir=args.index_dir,
         scl=parse_scl_flags(args.scl),
+        s2=s2,
     )
 
 

@@ -36,14 +36,14 @@ class CloudThresholds:
                 raise ValueError(f"data.cloud_classes.{name}: {value} is outside 0..1")
 
 
-def zero_bands(image: np.ndarray) -> list[str]:
-    """Names of the bands of one (13, H, W) S2 image that are 0 at every pixel.
+def zero_bands(image: np.ndarray, bands: tuple[str, ...] = S2_BANDS) -> list[str]:
+    """Names of the bands of one (C, H, W) S2 image of `bands` that are 0 at every pixel.
 
     A band of zeros is not a measurement: it is how a Level-2A file (no B10) or a 10-band export
     is padded to 13 bands, and s2cloudless, fed it, calls cloudy dates clear.
     """
     flat = image.reshape(len(image), -1)
-    return [S2_BANDS[i] for i in np.flatnonzero(~flat.any(axis=1))]
+    return [bands[i] for i in np.flatnonzero(~flat.any(axis=1))]
 
 
 @lru_cache(maxsize=1)

@@ -86,7 +86,9 @@ def read_image(path: Path, *, bands: int, size: int, dtype) -> tuple[np.ndarray,
     if data.ndim != 3:
         raise BadImageError(f"unexpected array shape {data.shape}")
     if data.shape[0] != bands:
-        raise BadImageError(f"wrong band count: {data.shape[0]}, expected {bands}")
+        err = BadImageError(f"wrong band count: {data.shape[0]}, expected {bands}")
+        err.bands = data.shape[0]  # what the file holds: prepare says what to do with it
+        raise err
     if data.shape[1:] != (size, size):
         raise BadImageError(f"wrong size: {data.shape[1]}x{data.shape[2]}, expected {size}x{size}")
     allowed = [np.dtype(d) for d in (dtype if isinstance(dtype, tuple) else (dtype,))]

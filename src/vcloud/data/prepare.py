@@ -31,13 +31,15 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from vcloud.constants import CLOUD_CLASS_MISSING, S1_BANDS, S1_CLIP_DB, S2_BANDS
+from vcloud.bands import band_set_name, describe_count
+from vcloud.constants import CLOUD_CLASS_MISSING, S1_BANDS, S1_CLIP_DB
 from vcloud.data.archive import resolve_sources
 from vcloud.data.clouds import CloudThresholds, cloud_cover_and_class, cloud_mask, cloud_probability, zero_bands
 from vcloud.data.folder import FolderSource
 from vcloud.data.geotiff import NO_GEOREF, BadImageError, GeoRef, read_image
 from vcloud.data.layout import Problem, RoiId, scan_roi
 from vcloud.data.masks import MaskSpec, read_supplied, scl_table, supplied_mask
+from vcloud.data.s2files import S2Spec, check_s2_file, read_meta
 from vcloud.data.store import (
     CLOUD_PROB_SCALE,
     location_id,
@@ -75,6 +77,7 @@ def prepare_roi(
     workers: int = 1,
     index_dir: Path | None = None,
     scl: dict | None = None,
+    s2: S2Spec = S2Spec(),
 ) -> dict:
     """Prepare one ROI; returns the summary counts that are also logged.
 
@@ -82,7 +85,8 @@ def prepare_roi(
     of downloaded archives, one archive, or an extracted tree. index_dir: where the archives'
     indexes are (default: beside each archive); a missing one is built, a stale one refused.
     scl: SCL class code -> cloud probability (data/masks.py; None: the default table), used
-    when a plain folder brings SCL/.
+    when a plain folder brings SCL/. s2: the S2 files' band set and product level
+    (data/s2files.py; other than 13 L1C bands only in a plain folder).
     """
     if on_bad_image not in ("fail", "skip"):
         raise BadInputError(f"on_bad_image: '{on_bad_image}' is not one of fail, skip")
@@ -93,7 +97,7 @@ def prepare_roi(
     scan = scan_roi(resolve_sources(raws, roi, index_dir=index_dir), roi, times=times)
     problems = list(scan.problems)
     _fail_on(problems, on_bad_image)
-    spec = _mask_spec(scan, scl_table(scl))
+    spec = _mask_spec(scan, scl_table(scl), s2)
     wind = WindSource(wind_table, roi) if wind_table else None
     options = {
         "roi": str(roi),
@@ -103,16 +107,19 @@ def prepare_roi(
         "cloud_thresholds": asdict(thresholds),
         "wind_table": str(wind_table) if wind_table else None,
         "cloud_mask": spec.source,
+        "s2": s2.attrs(),
     }
     where = ", ".join(sorted({str(Path(str(source)).resolve()) for source in scan.sources.values()}))
-    attrs = store_attrs(source=f"SEN12MS-CR-TS {where}", options=options)
+    label = "SEN12MS-CR-TS" if not isinstance(scan.sources.get("s2"), FolderSource) else "plain folder"
+    attrs = store_attrs(source=f"{label} {where}", options=options, s2_bands=s2.bands)
+    attrs["s2_product_level"] = s2.level
     attrs["series"] = {"times": times, "absent": list(scan.absent), "beyond": list(scan.beyond)}
     attrs["cloud_mask"] = spec.attrs()
     _log_series(scan)
 
     def one(patch: int):
         new_problems: list[Problem] = []
-        ds = _prepare_location(scan, patch, size, thresholds, wind, new_problems, spec)
+        ds = _prepare_location(scan, patch, size, thresholds, wind, new_problems, spec, s2)
         return ds, new_problems
 
     def locations():
@@ -148,14 +155,27 @@ def prepare_roi(
     return counts
 
 
-def _mask_spec(scan, table: dict[int, float]) -> MaskSpec:
-    """s2cloudless's mask, or the one a plain folder brings (SCL/, MASK/) with s2cloudless beside it."""
+def _mask_spec(scan, table: dict[int, float], s2: S2Spec) -> MaskSpec:
+    """s2cloudless's mask, or the one a plain folder brings (SCL/, MASK/), with s2cloudless beside it
+    where the bands allow; refused where no mask can be had (not L1C, and no SCL/ or MASK/)."""
     source = scan.sources.get("s2")
-    kind = source.mask_kind if isinstance(source, FolderSource) else None
+    folder = isinstance(source, FolderSource)
+    if not folder and s2 != S2Spec():
+        raise BadInputError(
+            f"{source}: SEN12MS-CR-TS is Level-1C with the 13 bands; --bands {band_set_name(s2.bands)} and "
+            f"--level {s2.level} are for a plain folder of your own imagery"
+        )
+    kind = source.mask_kind if folder else None
     if kind is None:
+        if not s2.s2cloudless:
+            raise BadInputError(
+                f"{source}: no cloud mask for {s2.level} {band_set_name(s2.bands)}: s2cloudless needs the 13 Level-1C "
+                "bands; put the product's scene classification in SCL/ or your mask in MASK/ beside S2/ (docs/data.md)"
+            )
         return MaskSpec(source="s2cloudless")
-    log.info("%s: cloud mask from %s/ (s2cloudless computed beside it for comparison)", scan.roi, kind.upper())
-    return MaskSpec(source=kind, scl=table if kind == "scl" else None, s2cloudless_too=True)
+    beside = "s2cloudless computed beside it for comparison" if s2.s2cloudless else "no s2cloudless: not L1C"
+    log.info("%s: cloud mask from %s/ (%s)", scan.roi, kind.upper(), beside)
+    return MaskSpec(source=kind, scl=table if kind == "scl" else None, s2cloudless_too=s2.s2cloudless)
 
 
 def _fail_on(problems: list[Problem], policy: str) -> None:
@@ -215,18 +235,19 @@ def spans(values) -> str:
     return ",".join(parts)
 
 
-def _prepare_location(scan, patch, size, thresholds, wind, problems, spec: MaskSpec):
+def _prepare_location(scan, patch, size, thresholds, wind, problems, spec: MaskSpec, s2spec: S2Spec):
     import xarray as xr
 
     times = scan.times
-    s2 = np.zeros((times, len(S2_BANDS), size, size), np.uint16)
+    s2 = np.zeros((times, len(s2spec.bands), size, size), np.uint16)
     s1 = np.full((times, len(S1_BANDS), size, size), S1_CLIP_DB[0], np.float32)
     valid = {"s1": np.zeros(times, bool), "s2": np.zeros(times, bool)}
     dates = {"s1": np.full(times, np.datetime64("NaT"), "datetime64[ns]"), "s2": None}
     dates["s2"] = dates["s1"].copy()
     nan_pixels = np.zeros(times, np.int32)
     georefs: dict[str, GeoRef] = {}  # first georeferenced image of each kind
-    specs = {"s2": (len(S2_BANDS), np.uint16), "s1": (len(S1_BANDS), np.float32)}
+    specs = {"s2": (len(s2spec.bands), np.uint16), "s1": (len(S1_BANDS), np.float32)}
+    folder = isinstance(scan.sources.get("s2"), FolderSource)
     for t in range(times):
         for kind, name in sorted(scan.images.get((patch, t), {}).items()):
             path = scan.where(name)
@@ -237,9 +258,14 @@ def _prepare_location(scan, patch, size, thresholds, wind, problems, spec: MaskS
                     data, nans = _clean_s1(data)
                     nan_pixels[t] = nans
                 else:
-                    _check_s2(path, data)
+                    _check_s2(path, data, s2spec.bands)
+                    if folder:  # the band set and level the file's metadata give, and L2A's offset
+                        data, _ = check_s2_file(path, data, s2spec, read_meta(scan.open(name)))
             except BadImageError as err:
-                problems.append(Problem(str(path), str(err), kind=kind, patch=patch, t=t))
+                reason = str(err)
+                if kind == "s2" and getattr(err, "bands", None) is not None:
+                    reason = f"{reason} ({band_set_name(s2spec.bands)}); {describe_count(err.bands)}"
+                problems.append(Problem(str(path), reason, kind=kind, patch=patch, t=t))
                 continue
             (s2 if kind == "s2" else s1)[t] = data
             valid[kind][t] = True
@@ -254,14 +280,16 @@ def _prepare_location(scan, patch, size, thresholds, wind, problems, spec: MaskS
     good = np.flatnonzero(valid["s2"])
     georef = georefs.get("s2") or georefs.get("s1") or NO_GEOREF
     if len(good):
-        # One LightGBM thread per worker: N workers use N cores (LightGBM alone would take all).
-        computed = cloud_probability(s2[good], num_threads=1)
-        computed_mask = cloud_mask(computed)
+        if spec.source == "s2cloudless" or spec.s2cloudless_too:
+            # One LightGBM thread per worker: N workers use N cores (LightGBM alone would take all).
+            computed = cloud_probability(s2[good], num_threads=1)
+            computed_mask = cloud_mask(computed)
         if spec.source == "s2cloudless":
             prob[good], mask = computed, computed_mask
         else:
             prob[good] = _supplied(scan, patch, good, spec, size=size, georef=georefs.get("s2"))
             mask = supplied_mask(prob[good])
+        if spec.s2cloudless_too:
             compared["cloud_cover_s2cloudless"][good] = computed_mask.reshape(len(good), -1).mean(axis=1)
             compared["cloud_agreement"][good] = (mask == computed_mask).reshape(len(good), -1).mean(axis=1)
         cover[good], classes[good] = cloud_cover_and_class(prob[good], mask, thresholds)
@@ -294,21 +322,22 @@ def _prepare_location(scan, patch, size, thresholds, wind, problems, spec: MaskS
         "roi": ("location", np.array([scan.roi.roi], np.int32)),
         "patch": ("location", np.array([patch], np.int32)),
         "time": np.arange(times, dtype=np.int16),
-        "band_s2": np.array(S2_BANDS, dtype=object),
+        "band_s2": np.array(s2spec.bands, dtype=object),
         "band_s1": np.array(S1_BANDS, dtype=object),
     }
     return xr.Dataset(data_vars, coords=coords)
 
 
-def _check_s2(path, data: np.ndarray) -> None:
+def _check_s2(path, data: np.ndarray, bands: tuple[str, ...]) -> None:
     """Refuse an S2 image with bands of zeros (padding, not reflectance), under either policy."""
-    zero = zero_bands(data)
+    zero = zero_bands(data, bands)
     if len(zero) == len(data):
         raise BadImageError("every band is 0 at every pixel (no data)")
     if zero:
         raise BadInputError(
             f"{path}: {', '.join(zero)} 0 at every pixel: padding is not reflectance (s2cloudless fed it calls "
-            "cloudy dates clear, and a model would learn it); give the 13 Level-1C bands as measured (docs/data.md)"
+            "cloudy dates clear, and a model would learn it); give the bands the file has, --bands l2a or a list "
+            "(docs/data.md)"
         )
 
 

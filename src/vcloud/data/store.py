@@ -72,6 +72,11 @@ FILES_PER_LOCATION = len(IMAGE_VARS)
 STORE_METADATA_FILES = 60
 
 
+def store_bands(attrs: dict) -> tuple[str, ...]:
+    """The S2 bands a store holds (its attribute s2_bands; every store records them)."""
+    return tuple(attrs.get("s2_bands", S2_BANDS))
+
+
 def location_id(rois: str, roi: int, patch: int) -> str:
     return f"{rois}_{roi}_p{patch}"
 
@@ -89,11 +94,11 @@ def normalise_s1(s1_db: np.ndarray) -> np.ndarray:
     return np.nan_to_num(out, nan=0.0)
 
 
-def store_attrs(*, source: str, options: dict) -> dict:
+def store_attrs(*, source: str, options: dict, s2_bands: Sequence[str] = S2_BANDS) -> dict:
     return {
         "format_version": STORE_FORMAT_VERSION,
         "source": source,
-        "s2_bands": list(S2_BANDS),
+        "s2_bands": list(s2_bands),
         "s1_bands": list(S1_BANDS),
         "cloud_classes": list(CLOUD_CLASSES),
         "normalisation": {
@@ -118,7 +123,7 @@ def image_encoding(ds) -> dict:
     one file per image variable instead of one per image (30x fewer files on Lustre).
     """
     size_y, size_x, times = ds.sizes["y"], ds.sizes["x"], ds.sizes["time"]
-    bands = {"s2": (len(S2_BANDS),), "s1": (len(S1_BANDS),), "cloud_prob": ()}
+    bands = {"s2": (ds.sizes["band_s2"],), "s1": (len(S1_BANDS),), "cloud_prob": ()}
     enc: dict[str, dict] = {}
     for name in IMAGE_VARS:
         shuffle = "shuffle" if name == "s1" else "bitshuffle"
@@ -268,6 +273,11 @@ def assemble(stores: Sequence[Path], out: Path) -> None:
     seen: dict[str, Path] = {}
     layouts = {name: ShardLayout.read(first_path, name) for name in IMAGE_VARS}
     for path, ds in opened:
+        if store_bands(ds.attrs) != store_bands(first.attrs):
+            raise BadInputError(
+                f"{path}: S2 bands {' '.join(store_bands(ds.attrs))} differ from {' '.join(store_bands(first.attrs))} "
+                f"of {first_path}; a split takes one band set"
+            )
         if ds.attrs.get("cloud_mask") != first.attrs.get("cloud_mask"):
             raise BadInputError(
                 f"{path}: cloud mask {ds.attrs.get('cloud_mask')} differs from {first.attrs.get('cloud_mask')} "
@@ -290,7 +300,11 @@ def assemble(stores: Sequence[Path], out: Path) -> None:
     table = xr.concat(tables, dim="location", data_vars="minimal", coords="minimal", compat="override")
     for name in table.variables:
         table[name].encoding = {}
-    table.attrs = store_attrs(source=first.attrs.get("source", ""), options={"assembled_from": sources})
+    table.attrs = store_attrs(
+        source=first.attrs.get("source", ""), options={"assembled_from": sources}, s2_bands=store_bands(first.attrs)
+    )
+    if "s2_product_level" in first.attrs:
+        table.attrs["s2_product_level"] = first.attrs["s2_product_level"]
     if "cloud_mask" in first.attrs:
         table.attrs["cloud_mask"] = first.attrs["cloud_mask"]
     table.attrs["counts"] = summary(table)

@@ -1,0 +1,199 @@
+"""Band sets are data (vcloud/bands.py, data/s2files.py): a plain folder of Level-2A or 10-band
+GeoTIFFs is prepared with its bands, level and offset recorded, and what does not fit is one line.
+
+The L2A files are the tiny synthetic series re-encoded as Sen2Cor writes them from processing
+baseline 04.00: B10 left out, DN = reflectance x 10000 + 1000, GDAL metadata with the band
+descriptions (B01, B02, ...), PRODUCT_TYPE S2MSI2A and PROCESSING_BASELINE. Their mask is an SCL
+layer constructed from Sen2Cor's codes (tests/unit/test_cloud_masks.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.unit.test_cloud_masks import EXPECTED_COVER, _scl_layers
+from tests.unit.test_folder import S2_DATES, _images
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SIZE = 32
+L2A = ("B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B8A", "B9", "B11", "B12")
+TEN = ("B2", "B3", "B4", "B5", "B6", "B7", "B8", "B8A", "B11", "B12")
+L1C = ("B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B8A", "B9", "B10", "B11", "B12")
+
+
+def _write(path, data, georef, *, tags=None, descriptions=None):
+    import rasterio
+    from rasterio.transform import Affine
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    profile = {"driver": "GTiff", "dtype": data.dtype.name, "count": data.shape[0], "height": SIZE, "width": SIZE}
+    with rasterio.open(path, "w", **profile, crs=georef.crs, transform=Affine.from_gdal(*georef.transform)) as dst:
+        dst.write(data)
+        if tags:
+            dst.update_tags(**tags)
+        for i, name in enumerate(descriptions or []):
+            dst.set_band_description(i + 1, name)
+
+
+def _sen2cor(band: str) -> str:
+    return f"B{int(band[1:-1]):02d}A" if band.endswith("A") else f"B{int(band[1:]):02d}"
+
+
+@pytest.fixture
+def l1c(tiny_raw_master):
+    """The tiny series' L1C images (13, 32, 32) uint16 and their georef."""
+    images = _images(tiny_raw_master, "s2")
+    return [data for data, _ in images], images[0][1]
+
+
+def _folder(root, l1c, bands, *, tags=None, offset=1000, describe=True, mask="SCL"):
+    images, georef = l1c
+    keep = [L1C.index(b) for b in bands]
+    for data, date in zip(images, S2_DATES):
+        dn = np.where(data[keep] > 0, data[keep].astype(np.int32) + offset, 0).astype(np.uint16)
+        names = [_sen2cor(b) for b in bands] if describe else None
+        _write(root / "S2" / f"T32TQM_{date}.tif", dn, georef, tags=tags, descriptions=names)
+    for layer, date in zip(_scl_layers(), S2_DATES):
+        if mask == "SCL":
+            _write(root / "SCL" / f"SCL_{date}.tif", layer[None], georef)
+        elif mask == "MASK":
+            _write(root / "MASK" / f"m_{date}.tif", np.isin(layer, (3, 8, 9, 10)).astype(np.uint8)[None], georef)
+    return root
+
+
+def _prepare(root, out, *extra):
+    from vcloud.cli import main
+
+    return main(["prepare", "--raw", str(root), "--roi", "ROIs9000/1", "--out", str(out), "--size", str(SIZE), *extra])
+
+
+BASELINE_05 = {"PRODUCT_TYPE": "S2MSI2A", "PROCESSING_BASELINE": "05.09"}
+
+
+def test_level_2a_is_prepared_with_its_bands_and_offset(l1c, tmp_path):
+    from vcloud.data.store import open_store
+
+    root = _folder(tmp_path / "l2a", l1c, L2A, tags=BASELINE_05)
+    store = tmp_path / "l2a.zarr"
+    assert _prepare(root, store, "--bands", "l2a", "--level", "L2A") == 0
+    ds = open_store(store)
+    assert tuple(ds["band_s2"].values) == L2A and tuple(ds.attrs["s2_bands"]) == L2A
+    assert ds.attrs["s2_product_level"] == "L2A"
+    assert ds.attrs["producer"]["options"]["s2"]["band_set"] == "l2a"
+    images, _ = l1c
+    keep = [L1C.index(b) for b in L2A]
+    for t in range(4):  # DN - 1000: the reflectance x 10000 of the L1C series, bit for bit
+        np.testing.assert_array_equal(ds["s2"].values[0, t], images[t][keep])
+    np.testing.assert_allclose(ds["cloud_cover"].values[0], EXPECTED_COVER)
+    assert ds.attrs["cloud_mask"]["source"] == "scl"
+    assert "cloud_agreement" not in ds  # no s2cloudless on L2A: nothing to compare
+
+
+def test_ten_bands_with_a_mask_and_the_offset_flag(l1c, tmp_path):
+    from vcloud.data.store import open_store
+
+    root = _folder(tmp_path / "ten", l1c, TEN, describe=False, mask="MASK")  # no metadata at all
+    store = tmp_path / "ten.zarr"
+    assert _prepare(root, store, "--bands", "10m_20m", "--level", "L2A", "--boa-offset", "-1000") == 0
+    ds = open_store(store)
+    assert tuple(ds["band_s2"].values) == TEN
+    images, _ = l1c
+    np.testing.assert_array_equal(ds["s2"].values[0, 2], images[2][[L1C.index(b) for b in TEN]])
+
+
+def test_an_old_baseline_has_no_offset(l1c, tmp_path):
+    from vcloud.data.store import open_store
+
+    root = _folder(tmp_path / "old", l1c, L2A, tags={"PROCESSING_BASELINE": "02.14"}, offset=0)
+    assert _prepare(root, tmp_path / "old.zarr", "--bands", "l2a", "--level", "L2A") == 0
+    images, _ = l1c
+    np.testing.assert_array_equal(
+        open_store(tmp_path / "old.zarr")["s2"].values[0, 1], images[1][[0, *range(1, 10), 11, 12]]
+    )
+
+
+def _case(bands, *, flags, tags=BASELINE_05, describe=True, mask="SCL", offset=1000):
+    return {"bands": bands, "flags": flags, "tags": tags, "describe": describe, "mask": mask, "offset": offset}
+
+
+S2_FILE = "S2/T32TQM_20190301.tif"
+BAD = {
+    "ten_bands_as_l1c": (
+        _case(TEN, flags=[], tags=None, describe=False),
+        S2_FILE,
+        "wrong band count: 10, expected 13 (l1c); 10 bands is the preset 10m_20m (B2 B3 B4 B5 B6 B7 B8 B8A B11 B12): "
+        "prepare with --bands 10m_20m",
+    ),
+    "twenty_metre_bands_apart": (
+        _case(("B2", "B3", "B4", "B8"), flags=["--bands", "l2a", "--level", "L2A"], describe=False),
+        S2_FILE,
+        "resample the 20 m bands to the 10 m grid and stack them with the 10 m bands into one file per date",
+    ),
+    "descriptions_disagree": (
+        _case(L2A, flags=["--bands", "B1,B2,B3,B4,B5,B6,B7,B8,B8A,B9,B10,B11", "--level", "L2A"]),
+        S2_FILE,
+        "its band descriptions say B1 B2 B3 B4 B5 B6 B7 B8 B8A B9 B11 B12, the declared bands are "
+        "B1 B2 B3 B4 B5 B6 B7 B8 B8A B9 B10 B11; prepare with --bands l2a",
+    ),
+    "l2a_declared_l1c": (
+        _case(L1C, flags=[], offset=0),
+        S2_FILE,
+        "its metadata say L2A, declared L1C; prepare with --level L2A",
+    ),
+    "offset_unknown": (
+        _case(L2A, flags=["--bands", "l2a", "--level", "L2A"], tags=None),
+        S2_FILE,
+        "Level-2A without BOA_ADD_OFFSET or PROCESSING_BASELINE in its metadata; give --boa-offset -1000",
+    ),
+    "offset_contradicted": (
+        _case(L2A, flags=["--bands", "l2a", "--level", "L2A", "--boa-offset", "0"]),
+        S2_FILE,
+        "its processing baseline 05.09 gives an offset of -1000, --boa-offset says 0",
+    ),
+    "no_mask_for_l2a": (
+        _case(L2A, flags=["--bands", "l2a", "--level", "L2A"], mask=None),
+        "",
+        "no cloud mask for L2A l2a: s2cloudless needs the 13 Level-1C bands; put the product's scene "
+        "classification in SCL/",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_what_does_not_fit_is_one_line_naming_the_file(l1c, tmp_path, capsys, name):
+    case, where, reason = BAD[name]
+    root = _folder(
+        tmp_path / "mine",
+        l1c,
+        case["bands"],
+        tags=case["tags"],
+        describe=case["describe"],
+        mask=case["mask"],
+        offset=case["offset"],
+    )
+    out = tmp_path / "bad.zarr"
+    assert _prepare(root, out, *case["flags"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"vcloud prepare: error: {root / where}".rstrip("/")), err
+    assert reason in err, err
+    assert not out.exists()
+
+
+def test_band_sets_and_the_dataset(tiny_raw_master, tmp_path, capsys):
+    from vcloud.bands import BandSetError, resolve_bands
+
+    assert resolve_bands("l2a") == L2A and resolve_bands("B2,B3,B4,B8") == ("B2", "B3", "B4", "B8")
+    with pytest.raises(BandSetError, match=r"^bands: B13 not Sentinel-2 band names"):
+        resolve_bands(["B2", "B3", "B4", "B13"])
+    with pytest.raises(BandSetError, match="must name each band once, in Sentinel-2 order"):
+        resolve_bands(["B3", "B2", "B4"])
+    with pytest.raises(BandSetError, match="'l3a' is not a band set"):
+        resolve_bands("l3a")
+    raw = ["--raw", str(tiny_raw_master), "--roi", "ROIs1868/119", "--times", "4"]
+    from vcloud.cli import main
+
+    assert main(["prepare", *raw, "--out", str(tmp_path / "x.zarr"), "--size", "32", "--bands", "l2a"]) == 2
+    assert "SEN12MS-CR-TS is Level-1C with the 13 bands" in capsys.readouterr().err
+    assert not (tmp_path / "x.zarr").exists()
