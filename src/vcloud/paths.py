@@ -97,6 +97,10 @@ class RunPaths:
             + [self.stage_comparison()]
         )
 
+    def comparison(self, suffix: str = "json") -> str:
+        """The research runs compared, experiment against baseline over seeds (vcloud compare)."""
+        return f"{self.results}/compare.{suffix}"
+
     # --- what the run makes
     def accounting_inputs(self) -> list[str]:
         """Everything the run makes but the accounting itself: it runs last and counts them all."""

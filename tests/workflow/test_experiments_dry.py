@@ -55,6 +55,12 @@ def test_each_experiment_and_seed_is_a_run_and_shared_stages_train_once(grid):
     assert "> logs/train_stage3/s3_lr/seed1/train_stage3.log" in s3_lr, s3_lr
     # Every run reads the same prepared splits.
     assert all("--train results/prepared/train.zarr" in line for line in commands)
+    # One comparison of every run's reports against the first experiment, shared ones where shared.
+    assert counts["compare"] == 1, counts
+    compare = next(line for line in grid.splitlines() if "vcloud compare " in line)
+    assert "--out results/compare.json --markdown results/compare.md --baseline base" in compare, compare
+    assert "--report s3_lr 1 results/base/seed1/eval/stage2.json" in compare, compare
+    assert "--report s3_lr 1 results/s3_lr/seed1/eval/stage3.json" in compare, compare
 
 
 def test_one_stage_of_one_seed_of_one_experiment_is_made_by_its_target(tmp_path):

@@ -13,7 +13,7 @@ from vcloud.data.archive import (
     discover_raw_rois,
     index_file,
 )
-from vcloud.config.experiments import is_research, plan_runs
+from vcloud.config.experiments import baseline, is_research, plan_runs
 from vcloud.data.layout import parse_roi
 from vcloud.data.splits import assign_splits
 from vcloud import workflow as logic

@@ -173,6 +173,33 @@ rule report_tables:
         " && vcloud compare-stages --out {output.stages} --markdown {output.stages_md} {input.reports}) > {log} 2>&1"
 
 
+# Research runs (config experiments:, seeds:): each experiment against the baseline, over seeds,
+# sample by sample (vcloud compare; docs/evaluation.md, "Experiments compared").
+localrules:
+    compare,
+
+
+rule compare:
+    input:
+        reports=list(dict.fromkeys(path for run, path in get_compare_reports())),
+    output:
+        comparison=RUN.comparison(),
+        markdown=RUN.comparison("md"),
+    log:
+        "logs/compare/compare.log",
+    benchmark:
+        "benchmarks/compare/compare.tsv"
+    conda:
+        "../../envs/vcloud.yaml"
+    container:
+        get_container("report_tables")
+    params:
+        reports=get_compare_flags(),
+    shell:
+        "vcloud compare --out {output.comparison} --markdown {output.markdown}"
+        " {params.reports} > {log} 2>&1"
+
+
 rule accounting:
     input:
         get_accounting_input(),

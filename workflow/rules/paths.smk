@@ -143,12 +143,35 @@ def get_stage_tables_input(wildcards):
     return [paths.eval_report(stage) for stage in STAGE_NUMBERS]
 
 
+def get_compare_reports():
+    """Every research run's evaluation reports (a shared one where it is shared), by run."""
+    return [
+        (run, paths.eval_report(stage))
+        for run, paths in zip(RUNS, RUN_PATHS)
+        for stage in STAGE_NUMBERS
+    ]
+
+
+def get_compare_flags():
+    """vcloud compare's --report EXPERIMENT SEED REPORT flags and its --baseline."""
+    flags = [
+        f"--report {run.experiment} {'-' if run.seed is None else run.seed} {shlex.quote(path)}"
+        for run, path in get_compare_reports()
+    ]
+    return " ".join([f"--baseline {baseline(config, RUNS)}", *flags])
+
+
 def get_all_outputs():
     """What `all` asks for: the single run's every output, or each research run's checkpoints,
     evaluations and stage tables, the comparison of the runs and the accounting."""
     if not RESEARCH:
         return RUN.final_outputs(MODEL_SET.name)
     return get_research_outputs() + [RUN.report_file("accounting.tsv")]
+
+
+def get_comparison_outputs():
+    """results/compare.json and .md: a research run's, in `all` through the accounting."""
+    return [RUN.comparison(), RUN.comparison("md")] if RESEARCH else []
 
 
 def get_research_outputs():
@@ -158,7 +181,9 @@ def get_research_outputs():
 
 
 def get_accounting_input():
-    return get_research_outputs() if RESEARCH else RUN.accounting_inputs()
+    if RESEARCH:
+        return get_research_outputs() + get_comparison_outputs()
+    return RUN.accounting_inputs()
 
 
 def get_viewer_input():

@@ -48,6 +48,7 @@ COMMANDS = (
     report.add_plot_curves,
     report.add_report_tables,
     evaluate.add_compare_stages,
+    evaluate.add_compare,
     report.add_accounting,
 )
 

@@ -77,3 +77,35 @@ def run_compare_stages(args: argparse.Namespace) -> None:
 
     comparison = write_comparison(args.reports, args.out, stages=VIEWER_STAGES, markdown_out=args.markdown)
     print(markdown(comparison), end="")
+
+
+def add_compare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compare", help="research runs: each experiment against a baseline over seeds, per stage and protocol"
+    )
+    p.add_argument("--out", type=Path, required=True, help="FILE.json to write (results/compare.json)")
+    p.add_argument("--markdown", type=Path, help="also write the tables as Markdown (results/compare.md)")
+    p.add_argument("--baseline", required=True, help="the experiment the others are paired with")
+    p.add_argument(
+        "--report",
+        nargs=3,
+        action="append",
+        required=True,
+        metavar=("EXPERIMENT", "SEED", "REPORT"),
+        help="one run's evaluation report (results/<experiment>/seed<k>/eval/stage<n>.json, or the run's it "
+        "shares); SEED '-' for a run on the model config's own seeds; repeatable",
+    )
+    p.set_defaults(func=run_compare)
+
+
+def run_compare(args: argparse.Namespace) -> None:
+    from vcloud.errors import BadInputError
+    from vcloud.evaluation.compare import runs_markdown, write_run_comparison
+
+    reports = []
+    for experiment, seed, path in args.report:
+        if seed != "-" and not seed.isdigit():
+            raise BadInputError(f"--report {experiment} {seed} {path}: SEED must be a non-negative integer or '-'")
+        reports.append((experiment, None if seed == "-" else int(seed), Path(path)))
+    comparison = write_run_comparison(reports, args.out, baseline=args.baseline, markdown_out=args.markdown)
+    print(runs_markdown(comparison), end="")

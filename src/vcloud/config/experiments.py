@@ -73,7 +73,19 @@ def plan_runs(config: dict, model_config: Path) -> list[Run]:
             combined = overlay(changes, _seed_changes(seed)) if seed is not None else changes
             model_set = _model_set(base, combined, where)
             runs.append(Run(name, seed, f"/{name}/seed{seed}" if seed is not None else f"/{name}", combined, model_set))
+    baseline(config, runs)  # refused here, with the rest, when it names no experiment
     return runs
+
+
+def baseline(config: dict, runs: list[Run]) -> str:
+    """The experiment `vcloud compare` pairs the others with: compare.baseline, else the first."""
+    names = list(dict.fromkeys(run.experiment for run in runs))
+    chosen = (config.get("compare") or {}).get("baseline")
+    if chosen is None:
+        return names[0]
+    if chosen not in names:
+        raise ConfigError(f"compare.baseline: {chosen!r} is not an experiment ({', '.join(names)})")
+    return chosen
 
 
 def _experiments(config: dict, base: dict) -> list[tuple[str, str, dict]]:

@@ -7,6 +7,12 @@ its mean |error| on the pixels where the reconstructed date is seen, `seen_mae`)
 difference of each stage with the stage before it (registry order, the stages that
 remove clouds: those the viewer shows), with its paired standard error and the one clustered by
 location. The README's quality table is pasted from its Markdown.
+
+Run against run (`vcloud compare`, research runs): the evaluation reports of every experiment x
+seed; per experiment, stage and protocol the mean over seeds with each seed's value and their
+standard deviation, and the difference from a baseline experiment, paired sample by sample and
+seed by seed, with a confidence interval that has a seed level over the location clustering
+(stats.seeded_difference). Runs scored on different samples are refused in one line.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import json
 from pathlib import Path
 
 from vcloud.errors import BadInputError
-from vcloud.evaluation.stats import paired_difference
+from vcloud.evaluation.stats import paired_difference, seeded_difference
 from vcloud.io import atomic_write_json, atomic_write_text
 
 NATURAL = ("reference", "uncrtaints")  # the protocols with the raw tree's own clouds
@@ -140,4 +146,159 @@ def write_comparison(
     atomic_write_json(out, comparison, indent=1)
     if markdown_out is not None:
         atomic_write_text(markdown_out, markdown(comparison))
+    return comparison
+
+
+# --- research runs: experiment against experiment, over seeds ---------------------------------
+
+
+def _sample_key(result: dict) -> tuple:
+    """What makes two scorings the same samples: the protocol's settings, each sample's location
+    and cloud class, in order."""
+    return (
+        json.dumps(result.get("protocol"), sort_keys=True),
+        tuple(result["location"]),
+        tuple(result["cloud_class"]),
+    )
+
+
+def _pooled(protocols: dict, name: str) -> tuple[list[float], list, tuple] | None:
+    """A protocol's (or the pooled natural protocols') model values, locations and sample key."""
+    parts = NATURAL if name == "natural" else (name,)
+    found = [(protocols[p], _samples(protocols[p])) for p in parts if p in protocols]
+    found = [(result, got) for result, got in found if got is not None]
+    if not found:
+        return None
+    values = [v for _, got in found for v in got[0]]
+    locations = [loc for _, got in found for loc in got[1]]
+    return values, locations, tuple(_sample_key(result) for result, _ in found)
+
+
+def compare_runs(reports: list[tuple[str, int | None, Path]], *, baseline: str, level: float = 0.95) -> dict:
+    """Every experiment against `baseline`, per stage and protocol (and "natural", pooled).
+
+    reports: (experiment, seed, evaluation report) of every run and stage. Returns {"metric",
+    "baseline", "experiments", "seeds", "rows": [{experiment, stage, protocol, samples,
+    per_seed: {seed: mean}, mean, std, difference: seeded_difference against the baseline (None
+    for the baseline)}]}. Refused (BadInputError, one line): a baseline without reports, two
+    runs of one stage and protocol scored on different samples, an experiment whose seeds are
+    not the baseline's.
+    """
+    runs: dict[tuple[str, int], dict] = {}  # (experiment, stage) -> {seed: (path, protocols)}
+    experiments: list[str] = []
+    for experiment, seed, path in reports:
+        report = _read(path)
+        experiments += [] if experiment in experiments else [experiment]
+        runs.setdefault((experiment, int(report["stage"])), {})[seed] = (Path(path), report["protocols"])
+    if baseline not in experiments:
+        raise BadInputError(f"--baseline: {baseline!r} has no report (experiments: {', '.join(experiments)})")
+    stages = sorted({stage for _, stage in runs})
+    seeds = sorted({seed for by_seed in runs.values() for seed in by_seed}, key=lambda s: -1 if s is None else s)
+    out: dict = {"metric": METRIC, "baseline": baseline, "experiments": experiments, "seeds": seeds, "rows": []}
+    for stage in stages:
+        names = sorted(
+            {n for e in experiments for _, protocols in runs.get((e, stage), {}).values() for n in protocols},
+            key=_protocol_order,
+        )
+        for name in [*names, "natural"]:
+            values = _stage_values(runs, experiments, stage, name)
+            if not values:
+                continue
+            base = values.get(baseline)
+            for experiment, by_seed in values.items():
+                out["rows"].append(_row(experiment, stage, name, by_seed, base, baseline, level))
+    return out
+
+
+def _stage_values(runs: dict, experiments: list[str], stage: int, name: str) -> dict:
+    """{experiment: {seed: (values, locations)}} of one stage and protocol, every run checked to
+    be scored on the first run's samples."""
+    values: dict = {}
+    first = None
+    for experiment in experiments:
+        for seed, (path, protocols) in sorted(runs.get((experiment, stage), {}).items(), key=lambda kv: str(kv[0])):
+            got = _pooled(protocols, name)
+            if got is None:
+                continue
+            if first is None:
+                first = (path, got[2])
+            elif got[2] != first[1]:
+                raise BadInputError(
+                    f"protocol {name}, stage {stage}: {first[0]} and {path} were scored on different samples; "
+                    "compare runs evaluated on the same store with the same protocol settings"
+                )
+            values.setdefault(experiment, {})[seed] = (got[0], got[1])
+    return values
+
+
+def _row(experiment, stage, name, by_seed, base, baseline, level) -> dict:
+    import numpy as np
+
+    means = {seed: _mean(v) for seed, (v, _) in by_seed.items()}
+    spread = np.std(list(means.values()), ddof=1) if len(means) >= 2 else None
+    row = {
+        "experiment": experiment,
+        "stage": stage,
+        "protocol": name,
+        "samples": len(next(iter(by_seed.values()))[0]),
+        "per_seed": {str(seed): mean for seed, mean in means.items()},
+        "mean": _mean(list(means.values())),
+        "std": None if spread is None else float(spread),
+        "difference": None,
+    }
+    if experiment == baseline or base is None:
+        return row
+    if set(by_seed) != set(base):
+        raise BadInputError(
+            f"experiment {experiment}, stage {stage}: seeds {sorted(map(str, by_seed))} are not the baseline's "
+            f"({sorted(map(str, base))}); pairs need the same seeds"
+        )
+    order = sorted(by_seed, key=str)
+    a = [by_seed[seed][0] for seed in order]
+    b = [base[seed][0] for seed in order]
+    row["difference"] = seeded_difference(a, b, groups=by_seed[order[0]][1], level=level)
+    return row
+
+
+def runs_markdown(comparison: dict) -> str:
+    """The comparison of runs as Markdown: one table per stage, a row per protocol and experiment
+    with each seed's PSNR, the mean ± std over seeds and the paired difference from the baseline
+    with its interval."""
+    seeds = [str(s) for s in comparison["seeds"]]
+    level = next((r["difference"]["ci_level"] for r in comparison["rows"] if r["difference"]), 0.95)
+    lines = [
+        f"Mean {comparison['metric'].upper()} (dB) per run; difference from `{comparison['baseline']}`, "
+        f"paired by sample and seed, with its {level:.0%} interval (seed level and location clustering).",
+    ]
+    for stage in sorted({r["stage"] for r in comparison["rows"]}):
+        columns = [f"seed {s}" if s != "None" else "value" for s in seeds]
+        header = ["protocol", "experiment", "samples", *columns, "mean ± std", "difference [CI]"]
+        lines += ["", f"### Stage {stage}", "", "| " + " | ".join(header) + " |"]
+        lines.append("| --- | --- | " + " | ".join(["--:"] * (len(header) - 2)) + " |")
+        for r in (r for r in comparison["rows"] if r["stage"] == stage):
+            std = "" if r["std"] is None else f" ± {r['std']:.2f}"
+            cells = [r["protocol"], r["experiment"], str(r["samples"])]
+            cells += [_fmt(r["per_seed"].get(s)) for s in seeds]
+            cells += [f"{_fmt(r['mean'])}{std}", _difference(r, comparison["baseline"])]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _difference(row: dict, baseline: str) -> str:
+    d = row["difference"]
+    if d is None:
+        return "baseline" if row["experiment"] == baseline else ""
+    ci = "" if d["ci"] is None else f" [{d['ci'][0]:+.2f}, {d['ci'][1]:+.2f}]"
+    return f"{d['difference']:+.2f}{ci}" + ("" if d["se_seed"] is not None else " (one seed)")
+
+
+def write_run_comparison(
+    reports: list[tuple[str, int | None, Path]], out: Path, *, baseline: str, markdown_out: Path | None = None
+) -> dict:
+    comparison = compare_runs(reports, baseline=baseline)
+    if markdown_out is not None:
+        text = runs_markdown(comparison)
+    atomic_write_json(out, comparison, indent=1)
+    if markdown_out is not None:
+        atomic_write_text(markdown_out, text)
     return comparison

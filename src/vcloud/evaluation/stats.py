@@ -16,6 +16,21 @@ With one sample per location (the reference and uncrtaints protocols) S_g = e_i 
 se_location = sqrt(n / (n - 1) * sum e_i^2) / n = se exactly.
 A percentile bootstrap over locations (resampling whole locations) gives a confidence interval
 when asked (`resamples` > 0); it is seeded, so a report is reproducible.
+
+Across training seeds (`seeded_difference`, vcloud compare): two experiments trained under the
+same S seeds and scored on the same samples differ by d_si = a_si - b_si (seed s of one against
+seed s of the other). The difference is mean(d); its uncertainty has two levels, the seeds (how
+much the difference moves when the models are trained again) and the samples (which locations the
+test split holds):
+
+    se_seed^2 = var_s(mean_i d_si) / S            (the per-seed differences' spread, ddof 1)
+    se_location = se_location of the seed-averaged differences mean_s d_si (above)
+    se^2 = se_seed^2 + se_location^2,
+
+with a t interval whose degrees of freedom are Welch-Satterthwaite's for the two parts
+(S - 1 and G - 1). The seed x location interaction enters both parts, so the interval is on the
+wide side, never the narrow one. With one seed the seed level is absent (se = se_location, G - 1
+degrees of freedom): one seed says nothing about training noise, and the table says so.
 """
 
 from __future__ import annotations
@@ -113,6 +128,45 @@ def paired_report(
     if others is None:
         others = [k for k, v in result.items() if isinstance(v, dict) and "per_sample" in v and k != method]
     return {other: compare(result, method, other, resamples=resamples, seed=seed) for other in others}
+
+
+def seeded_difference(
+    a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], *, groups: Sequence, level: float = 0.95
+) -> dict:
+    """Mean of a - b over seeds x samples, with the seed level and the location clustering.
+
+    a, b: (S, n) values of two experiments, row s of both from training seed s, column i from the
+    same sample; groups: the location of each sample (n). Returns the `paired_difference` keys of
+    the seed-averaged values (samples, locations, se_location, ...) with `difference` over every
+    seed, `seeds`, `per_seed` (each seed's mean difference), `se_seed` (None below 2 seeds), `se`
+    (both levels), `df` and the t interval `ci` at `level` (None where se is unknown).
+    """
+    from scipy.stats import t as student_t
+
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape or a.ndim != 2 or a.shape[0] < 1:
+        raise ValueError(f"seeded values need equal (seeds, samples) shapes, got {a.shape} and {b.shape}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"confidence level must lie in (0, 1), got {level}")
+    seeds = a.shape[0]
+    out = paired_difference(a.mean(axis=0), b.mean(axis=0), groups=groups)
+    per_seed = (a - b).mean(axis=1)
+    out.update(seeds=seeds, per_seed=[float(v) for v in per_seed], difference=float(per_seed.mean()))
+    out["se_seed"] = float(per_seed.std(ddof=1) / math.sqrt(seeds)) if seeds >= 2 else None
+    loc, groups_n = out.get("se_location"), out.get("locations") or 0
+    parts = [(v**2, dof) for v, dof in ((out["se_seed"], seeds - 1), (loc, groups_n - 1)) if v is not None]
+    out.update(se=None, df=None, ci=None, ci_level=level)
+    if not parts:
+        return out
+    variance = sum(v for v, _ in parts)
+    out["se"] = math.sqrt(variance)
+    if variance == 0.0:
+        out["ci"] = [out["difference"], out["difference"]]
+        return out
+    out["df"] = variance**2 / sum(v**2 / dof for v, dof in parts)
+    half = float(student_t.ppf(0.5 + level / 2.0, out["df"])) * out["se"]
+    out["ci"] = [out["difference"] - half, out["difference"] + half]
+    return out
 
 
 def _mean(values: np.ndarray) -> float | None:
