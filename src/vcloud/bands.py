@@ -48,6 +48,11 @@ def resolve_bands(value, *, key: str = "bands") -> tuple[str, ...]:
     return bands
 
 
+def model_bands(cfg) -> tuple[str, ...]:
+    """The S2 bands a model set (config/models/*.yaml) takes, in its input and output order."""
+    return S2_BANDS  # every model of this vcloud: the 13 L1C bands (SEN12MS-CR-TS)
+
+
 def band_set_name(bands: tuple[str, ...]) -> str:
     """The preset a band list is, or the list itself joined by spaces."""
     for name, preset in BAND_SETS.items():

@@ -197,3 +197,44 @@ def test_band_sets_and_the_dataset(tiny_raw_master, tmp_path, capsys):
     assert main(["prepare", *raw, "--out", str(tmp_path / "x.zarr"), "--size", "32", "--bands", "l2a"]) == 2
     assert "SEN12MS-CR-TS is Level-1C with the 13 bands" in capsys.readouterr().err
     assert not (tmp_path / "x.zarr").exists()
+
+
+def test_a_model_refuses_a_store_of_other_bands(l1c, tmp_path, capsys):
+    """train, evaluate, predict and bundle: one line naming the store and both band lists, exit 2,
+    before anything is built or written."""
+    from tests.unit.predict_fixtures import tiny_checkpoints
+    from vcloud.cli import main
+
+    store = tmp_path / "l2a.zarr"
+    assert (
+        _prepare(_folder(tmp_path / "l2a", l1c, L2A, tags=BASELINE_05), store, "--bands", "l2a", "--level", "L2A") == 0
+    )
+    capsys.readouterr()
+    ckpt = tiny_checkpoints(tmp_path / "ckpt")
+    config, stage1 = str(ckpt["config"]), str(ckpt[1])
+    out = tmp_path / "out"
+    commands = {
+        "train": ["--stage", "0", "--config", config, "--train", str(store), "--val", str(store), "--out", str(out)],
+        "evaluate": ["--stage", "1", "--store", str(store), "--stage1", stage1, "--config", config, "--out", str(out)],
+        "predict": ["--stage", "1", "--store", str(store), "--stage1", stage1, "--config", config, "--out", str(out)],
+        "bundle": [
+            "--stage",
+            "1",
+            "--stage1",
+            stage1,
+            "--config",
+            config,
+            "--train-store",
+            str(store),
+            "--out",
+            str(out),
+        ],
+    }
+    for command, args in commands.items():
+        assert main([command, *args]) == 2, command
+        err = capsys.readouterr().err.strip()
+        assert err == (
+            f"vcloud {command}: error: {store}: S2 bands {' '.join(L2A)} (l2a), but the model of {config} takes "
+            f"{' '.join(L1C)} (l1c); prepare the store with the model's bands (vcloud prepare --bands)"
+        ), err
+        assert not out.exists(), command

@@ -38,7 +38,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from vcloud.constants import S1_BANDS, S2_BANDS, S2_SCALE
+from vcloud.bands import model_bands
+from vcloud.constants import S1_BANDS, S2_SCALE
 from vcloud.errors import BadInputError, ConfigError
 from vcloud.io import atomic_output, provenance
 
@@ -86,6 +87,7 @@ def write_bundle(
     """Pack the predictors of `stages` into the tar file `out` (atomically); returns its manifest."""
     from vcloud.config import load_model_config
     from vcloud.config.model_sets import config_to_dict
+    from vcloud.data.store import check_bands
     from vcloud.registry import get_stage, require_checkpoints
     from vcloud.weights import load_checkpoint
 
@@ -95,6 +97,7 @@ def write_bundle(
     packed = sorted({n for s in stages for n in get_stage(s).predictor_needs})
     needed = require_checkpoints(packed, checkpoints, command=label)
     cfg = load_model_config(config_path)
+    check_bands(train_store, model_bands(cfg), model=f"the model of {config_path}")
     metas = {}
     for n, path in needed.items():
         state = load_checkpoint(path, mmap=True)  # only the meta is read
@@ -123,7 +126,7 @@ def write_bundle(
         "default_stage": max(predicts),
         "inputs": {
             "s2": {
-                "bands": list(S2_BANDS),
+                "bands": list(model_bands(cfg)),
                 "product": "Sentinel-2 Level-1C top-of-atmosphere reflectance",
                 "dtype": "uint16",
                 "scale": f"reflectance x {S2_SCALE:g}",
@@ -141,7 +144,7 @@ def write_bundle(
             "input_dates": cfg.data.input_dates,
             "patch_size": training["patch_size"],
         },
-        "output": {"bands": list(S2_BANDS), "scale": f"uint16 reflectance x {S2_SCALE:g} (L1C, as the input)"},
+        "output": {"bands": list(model_bands(cfg)), "scale": f"uint16 reflectance x {S2_SCALE:g} (L1C, as the input)"},
         "wind": {"scan": bool(cfg.stage1.model.wind_scan), "cache": WIND if uses_wind else None},
         "training": training["record"],
         "checkpoints": {f"stage{n}.pt": meta for n, meta in metas.items()},

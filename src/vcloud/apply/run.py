@@ -46,10 +46,11 @@ from vcloud.apply.manifest import (
     write_manifest,
 )
 from vcloud.apply.plan import batches, georefs, parse_dates, plan_jobs, read_batch, roi_names
+from vcloud.bands import model_bands
 from vcloud.constants import CLEAR_MAX_COVER, S2_BANDS, S2_SCALE, S2CLOUDLESS_KWARGS
 from vcloud.data.masks import store_mask_source
 from vcloud.data.shards import ShardReader
-from vcloud.data.store import CLOUD_PROB_SCALE
+from vcloud.data.store import CLOUD_PROB_SCALE, check_bands
 from vcloud.errors import BadInputError, ConfigError
 from vcloud.io import provenance, remove_leftover_temps
 
@@ -110,6 +111,7 @@ def predict(
     reader = ShardReader(store)  # opened once, handed down: the plan, the georeferencing, the wind check
     geo, rois = georefs(reader), roi_names(reader)
     cfg = load_model_config(config_path)
+    check_bands(store, model_bands(cfg), model=f"the model of {config_path}")
     needed = require_checkpoints(get_stage(stage).predictor_needs, checkpoints, command=label)
     weights = {str(n): checksum(Path(p), "checkpoint") for n, p in needed.items()}
     wind = None

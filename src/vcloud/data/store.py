@@ -77,6 +77,18 @@ def store_bands(attrs: dict) -> tuple[str, ...]:
     return tuple(attrs.get("s2_bands", S2_BANDS))
 
 
+def check_bands(store: Path, model_bands: Sequence[str], *, model: str) -> None:
+    """One line naming the store, its bands and the model's, when a model cannot read the store."""
+    from vcloud.bands import band_set_name
+
+    have, want = store_bands(open_store(store).attrs), tuple(model_bands)
+    if have != want:
+        raise BadInputError(
+            f"{store}: S2 bands {' '.join(have)} ({band_set_name(have)}), but {model} takes {' '.join(want)} "
+            f"({band_set_name(want)}); prepare the store with the model's bands (vcloud prepare --bands)"
+        )
+
+
 def location_id(rois: str, roi: int, patch: int) -> str:
     return f"{rois}_{roi}_p{patch}"
 

@@ -30,9 +30,11 @@ from pathlib import Path
 
 import torch
 
+from vcloud.bands import model_bands
 from vcloud.config import ModelSetConfig, load_model_config
 from vcloud.data.samples import WithoutS1
 from vcloud.data.shards import ShardReader
+from vcloud.data.store import check_bands
 from vcloud.errors import BadInputError
 from vcloud.evaluation.predict import build_predictor
 from vcloud.evaluation.protocols import EVAL_SEED, fixed_samples, reference_samples
@@ -65,6 +67,7 @@ def evaluate(
     command = f"vcloud evaluate --stage {stage}"
     needed = require_checkpoints(get_stage(stage).predictor_needs, checkpoints, command=command)
     cfg = load_model_config(config_path)
+    check_bands(store, model_bands(cfg), model=f"the model of {config_path}")
     torch.manual_seed(EVAL_SEED)
     reader = ShardReader(store)  # opened once, handed to every protocol
     wind = None

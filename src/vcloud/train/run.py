@@ -12,7 +12,9 @@ from pathlib import Path
 
 import torch
 
+from vcloud.bands import model_bands
 from vcloud.config import config_hash, load_model_config, stage_config_dict
+from vcloud.data.store import check_bands
 from vcloud.environment import check_bf16, cpu_budget, log_gpu_state, step_threads
 from vcloud.registry import get_stage
 from vcloud.train import distributed
@@ -40,6 +42,8 @@ def run_training(
 
     spec = get_stage(stage)
     cfg = load_model_config(config_path)
+    for store in (train, val):  # before anything is built: one line naming store and both band lists
+        check_bands(store, model_bands(cfg), model=f"the model of {config_path}")
     upstream = spec.upstream_checkpoints(checkpoints or {}, cfg)
     upstream_weights = {n: ckpt.weights_digest(path) for n, path in upstream.items()}
     env = distributed.detect()
