@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from vcloud.errors import ConfigError
-from vcloud.runtime.controller import JOB_NAME, controller_job, leftovers, script
+from vcloud.runtime.controller import JOB_NAME, configfiles, controller_job, leftovers, script
 from vcloud.runtime.lumi import Cluster
 from vcloud.runtime.profile import load_workflow_config
 
@@ -118,7 +118,14 @@ def test_submit_refuses_while_a_controller_is_queued_and_submits_otherwise(tmp_p
         submit(profile=profile, workdir=tmp_path, snakemake_args=[])
     assert not [c for c in calls(slurm) if c[0] == "sbatch"]
     slurm["queue"].write_text(f"77|{JOB_NAME}|RUNNING|/elsewhere\n")  # another run's controller
-    lines = submit(profile=profile, workdir=tmp_path, snakemake_args=["--configfile", "extra.yaml"])
+    # The config files after --configfile are the run's (they replace the profile's, as in snakemake):
+    # config/saga.yaml alone still has the placeholder account.
+    with pytest.raises(ConfigError, match="nnXXXXk"):
+        submit(profile=profile, workdir=tmp_path, snakemake_args=["--configfile", str(REPO / "config" / "saga.yaml")])
+    assert not [c for c in calls(slurm) if c[0] == "sbatch"]
+    args = ["--configfile", str(REPO / "config" / "saga.yaml"), "mine.yaml", "-n"]
+    assert configfiles(args) == args[1:3] and configfiles(["--configfile=a.yaml", "b.yaml"]) == ["a.yaml", "b.yaml"]
+    lines = submit(profile=profile, workdir=tmp_path, snakemake_args=args)
     assert "controller: job 4242 on normal for 2880 min" in lines[-1]
     assert lines[0].startswith("controller bill: 2 BU-h per hour [max(2 for CPUs, 1.00664 for GiB")  # 3.9 GiB x 0.2577
     assert "at most 96.0 BU-h per 2880 min job" in lines[0]

@@ -199,7 +199,15 @@ def test_summary_passes_on_a_complete_rehearsal_and_gives_the_epoch_minutes(tmp_
         stage1_estimate_gb=6.1,
     )
     assert summary["passed"], summary["problems"]
-    assert (summary["gcds_visible"], summary["hip"], summary["cpu_masks"]) == (1, "6.2.41134", ["fe000000000000"])
+    assert (summary["gpus_visible"], summary["gpu_runtime"], summary["cpu_masks"]) == (
+        1,
+        "hip 6.2.41134",
+        ["fe000000000000"],
+    )
+    assert (
+        "  GPUs visible 1, GPU runtime HIP 6.2.41134, image vcloud 0.1.0 abc src 0123456789abcdef"
+        in rehearsal.lines(summary)
+    )
     # 0.25 s per sample: 1200 samples = 5 minutes of stage 1.
     assert summary["epoch_minutes"]["train_stage1"] == 5.0
     assert summary["stage1_memory"] == {"peak_gb": 12.0, "estimate_gb": 6.1}
@@ -220,7 +228,7 @@ def test_summary_fails_without_the_resume_or_the_transport(tmp_path):
     assert not summary["passed"]
     assert summary["problems"] == [
         "no stage resumed after the forced wall-time warning (resources.<rule>.rehearse_warning)",
-        "the RCCL transport check did not pass (rehearse_transport)",
+        "the transport check of the collectives did not pass (rehearse_transport)",
     ]
 
 
@@ -264,3 +272,23 @@ def test_the_rehearsals_epoch_minutes_replace_the_estimates_until_the_run_measur
     assert measured_epoch_minutes(config)["train_stage1"] == 20.0  # the run's own epochs win
     summary.write_text(json.dumps({"passed": False, "epoch_minutes": {"train_stage2": 9.0}}))
     assert "train_stage2" not in measured_epoch_minutes(config)
+
+
+def test_summary_of_an_nvidia_site_names_cuda_and_no_miopen_cache(tmp_path):
+    from vcloud.runtime import rehearsal
+
+    _fake_run(tmp_path / "results", tmp_path / "logs", resumed=True)
+    for log in (tmp_path / "logs").glob("*/*.log"):  # the rank line a CUDA build writes (train/distributed.py)
+        text = log.read_text().replace("(hip 6.2.41134) ROCR_VISIBLE_DEVICES=0", "(cuda 12.4) CUDA_VISIBLE_DEVICES=0")
+        log.write_text(text.replace("of 1 (", "of 4 ("))
+    (tmp_path / "transport.json").write_text('{"ok": true, "hip": null, "cuda": "12.4"}')
+    summary = rehearsal.summarize(
+        results=tmp_path / "results",
+        logs=tmp_path / "logs",
+        stamp="vcloud 0.1.0 abc src 0123456789abcdef",
+        miopen_cache=None,
+        transport=tmp_path / "transport.json",
+    )
+    assert summary["passed"] and (summary["gpus_visible"], summary["gpu_runtime"]) == (4, "cuda 12.4")
+    text = "\n".join(rehearsal.lines(summary))
+    assert "GPUs visible 4, GPU runtime CUDA 12.4" in text and "MIOpen" not in text and "HIP" not in text

@@ -152,6 +152,23 @@ def leftovers(jobs: list[dict], *, prefix: str, own_job: str | None) -> list[dic
     return [j for j in jobs if j["name"].startswith(prefix + "_") and j["id"] != own_job and j["name"] != JOB_NAME]
 
 
+def configfiles(snakemake_args: list[str]) -> list[str]:
+    """The config files named after `--configfile` in snakemake's arguments (they replace the
+    profile's, as they do for snakemake), or none."""
+    files: list[str] = []
+    taking = False
+    for word in snakemake_args:
+        if word in ("--configfile", "--configfiles"):
+            taking, files = True, []
+        elif word.startswith(("--configfile=", "--configfiles=")):
+            taking, files = True, [word.split("=", 1)[1]]
+        elif word.startswith("-"):
+            taking = False
+        elif taking:
+            files.append(word)
+    return files
+
+
 # --- the login-node side -----------------------------------------------------------------------
 
 
@@ -162,7 +179,8 @@ def submit(*, profile: Path, workdir: Path, snakemake_args: list[str], runtime: 
     from vcloud.runtime.profile import load_workflow_config
 
     settings = _read_profile(profile)
-    config = load_workflow_config(*[Path(f) for f in settings.get("configfiles", [])])
+    files = configfiles(snakemake_args) or settings.get("configfiles", [])
+    config = load_workflow_config(*[workdir / f for f in files])
     cluster = Cluster.from_config(config)
     if cluster is None:
         raise ConfigError(f"{profile}: its configfiles have no cluster section; `vcloud submit` is for clusters")

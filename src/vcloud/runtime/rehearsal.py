@@ -1,12 +1,12 @@
-"""The dev-g rehearsal's closing summary (`vcloud rehearsal-summary`), and what the doctor
-makes of it.
+"""The rehearsal's closing summary (`vcloud rehearsal-summary`), and what the doctor makes of it.
 
-The rehearsal (config/lumi-rehearsal.yaml) runs every rule of the real run on LUMI for under
-1 GPU-h. Its summary gathers what only the real machine can say: GCDs seen and HIP version,
-the environment image's stamp, the MIOpen cache, each rank's CPU mask, peak GPU memory of each
-stage (stage 1 against `vcloud memory`'s estimate), the forced wall-time warning's resume,
-RCCL's transport, and the time per sample of each stage, turned into the epoch minutes of the
-full run for config/lumi.yaml. It passes when every stage finished, one resumed after the
+The rehearsal (config/rehearsal.yaml over a site's run file) runs every rule of the real run on
+the site's rehearsal partition or QOS for about 1 GPU-h. Its summary gathers what only the real
+machine can say: the GPUs each rank sees and the GPU runtime (HIP or CUDA version), the
+environment image's stamp, the MIOpen cache (AMD), each rank's CPU mask, peak GPU memory of each
+stage (stage 1 against `vcloud memory`'s estimate), the forced wall-time warning's resume, the
+collectives' transport (RCCL or NCCL), and the time per sample of each stage, turned into the
+epoch minutes of the full run for the site's run file. It passes when every stage finished, one resumed after the
 forced warning, and the transport check passed (when it ran). `vcloud doctor` recommends the
 rehearsal until a passing summary exists for the current environment image.
 """
@@ -22,7 +22,7 @@ from vcloud.io import atomic_write_text
 from vcloud.registry import STAGES
 
 RANK_LINE = re.compile(
-    r"rank (\d+)/(\d+) .*? device (\S+)(?: of (\d+))?(?: \(hip ([^)]+)\))? .*?cpu affinity ([0-9a-fA-Fx]+|n/a)"
+    r"rank (\d+)/(\d+) .*? device (\S+)(?: of (\d+))?(?: \(((?:hip|cuda) [^)]+)\))? .*?cpu affinity ([0-9a-fA-Fx]+|n/a)"
 )
 RESUMED = "resuming from"
 
@@ -49,7 +49,7 @@ def stage_summary(*, results: Path, logs: Path, stage) -> dict:
     log_path = logs / stage.train_rule / f"{stage.train_rule}.log"
     text = log_path.read_text(errors="replace") if log_path.is_file() else ""
     ranks = [
-        {"rank": int(m[1]), "world": int(m[2]), "device": m[3], "devices": m[4], "hip": m[5], "cpu_mask": m[6]}
+        {"rank": int(m[1]), "world": int(m[2]), "device": m[3], "devices": m[4], "runtime": m[5], "cpu_mask": m[6]}
         for m in RANK_LINE.finditer(text)
     ]
     per_sample = [
@@ -80,7 +80,7 @@ def summarize(
     stages = {stage.name: stage_summary(results=Path(results), logs=Path(logs), stage=stage) for stage in STAGES}
     transport_report = json.loads(Path(transport).read_text()) if transport and Path(transport).is_file() else None
     ranks = [r for s in stages.values() for r in s["ranks"]]
-    hip = next((r["hip"] for r in ranks if r["hip"]), None) or (transport_report or {}).get("hip")
+    runtime = next((r["runtime"] for r in ranks if r["runtime"]), None) or _transport_runtime(transport_report)
     devices = next((int(r["devices"]) for r in ranks if r["devices"]), None)
     epoch_minutes = {}
     for name, found in stages.items():
@@ -91,13 +91,13 @@ def summarize(
     if not any(s["resumed"] for s in stages.values()):
         problems.append("no stage resumed after the forced wall-time warning (resources.<rule>.rehearse_warning)")
     if transport is not None and not (transport_report or {}).get("ok"):
-        problems.append("the RCCL transport check did not pass (rehearse_transport)")
+        problems.append("the transport check of the collectives did not pass (rehearse_transport)")
     return {
         "passed": not problems,
         "problems": problems,
         "stamp": stamp,
-        "gcds_visible": devices,
-        "hip": hip,
+        "gpus_visible": devices,
+        "gpu_runtime": runtime,
         "miopen_cache": miopen_cache,
         "cpu_masks": sorted({r["cpu_mask"] for r in ranks}),
         "stage1_memory": {"peak_gb": stages["stage1"]["peak_memory_gb"], "estimate_gb": stage1_estimate_gb},
@@ -111,8 +111,10 @@ def lines(summary: dict) -> list[str]:
     """The summary for people (the rule's log)."""
     out = [f"rehearsal: {'PASSED' if summary['passed'] else 'FAILED'}"]
     out += [f"  problem: {p}" for p in summary["problems"]]
-    out.append(f"  GCDs visible {summary['gcds_visible']}, HIP {summary['hip']}, image {summary['stamp']}")
-    out.append(f"  MIOpen cache {summary['miopen_cache']}, CPU masks {', '.join(summary['cpu_masks']) or '-'}")
+    runtime = (summary["gpu_runtime"] or "none seen").replace("hip", "HIP").replace("cuda", "CUDA")
+    out.append(f"  GPUs visible {summary['gpus_visible']}, GPU runtime {runtime}, image {summary['stamp']}")
+    cache = f"MIOpen cache {summary['miopen_cache']}, " if summary["miopen_cache"] else ""
+    out.append(f"  {cache}CPU masks {', '.join(summary['cpu_masks']) or '-'}")
     mem = summary["stage1_memory"]
     out.append(f"  stage 1 peak {mem['peak_gb']} GB against the estimate {mem['estimate_gb']} GB")
     for name, stage in summary["stages"].items():
@@ -121,8 +123,16 @@ def lines(summary: dict) -> list[str]:
             f"{stage['seconds_per_sample']} s per sample, peak {stage['peak_memory_gb']} GB"
         )
     for rule, minutes in summary["epoch_minutes"].items():
-        out.append(f"  resources.{rule}.epoch_minutes: {minutes} (measured; put it in config/lumi.yaml)")
+        out.append(f"  resources.{rule}.epoch_minutes: {minutes} (measured; put it in the site's run file)")
     return out
+
+
+def _transport_runtime(report: dict | None) -> str | None:
+    """The GPU runtime the transport step's report names (HIP or CUDA), as the rank lines do."""
+    for key in ("hip", "cuda"):
+        if (report or {}).get(key):
+            return f"{key} {report[key]}"
+    return None
 
 
 def write(summary: dict, out: Path) -> None:

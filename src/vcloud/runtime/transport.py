@@ -92,6 +92,7 @@ def run_check(*, log_dir: Path, out: Path, expect: str = "cxi") -> dict:
         "device": device,
         "devices_visible": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "hip": getattr(torch.version, "hip", None),
+        "cuda": None if getattr(torch.version, "hip", None) else torch.version.cuda,
     }
     if not distributed.is_main(env):
         return report

@@ -329,6 +329,8 @@ def describe(env: DistEnv, device: str, *, environ: Mapping[str, str] = os.envir
         where = f"cuda:{torch.cuda.current_device()} of {torch.cuda.device_count()}"
         if getattr(torch.version, "hip", None):
             where += f" (hip {torch.version.hip})"
+        elif torch.version.cuda:
+            where += f" (cuda {torch.version.cuda})"
     return (
         f"rank {env.rank}/{env.world_size} local {env.local_rank} ({env.source}) on "
         f"{socket.gethostname()} master {env.master_addr}:{env.master_port} device {where} "
