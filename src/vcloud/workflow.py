@@ -121,6 +121,27 @@ def makers(runs, paths, key: str) -> list[str]:
     return [run.prefix for run, p in zip(runs, paths, strict=True) if key not in dict(p.homes)]
 
 
+def research_jobs(runs, paths) -> dict[str, tuple[int, str]]:
+    """rule -> (jobs, why) of the rules each research run has: a stage's training and evaluation
+    once per identity (the runs that make them), the fixed protocol and the wind cache once per
+    setting, the stage tables once per run. Read by the bill and the data budget."""
+    experiments = len({run.experiment for run in runs})
+    grid = f"{experiments} experiments x {len(runs) // max(experiments, 1)} seeds"
+    jobs = {}
+    for stage in STAGES:
+        for rule, key in ((stage.train_rule, f"stage{stage.number}"), (stage.evaluate_rule, f"eval{stage.number}")):
+            count = len(makers(runs, paths, key))
+            shared = f", {len(runs) - count} read from a run of the same identity" if count < len(runs) else ""
+            jobs[rule] = (count, f"{grid}{shared}")
+    for rule, key in (("fixed_protocol", "fixed_protocol"), ("wind_cache", "wind")):
+        count = len(makers(runs, paths, key))
+        jobs[rule] = (count, f"one per setting among {grid}")
+    if not any(run.model_set.stage1.model.wind_scan for run in runs):
+        jobs["wind_cache"] = (0, "stage1.model.wind_scan is off")
+    jobs["report_tables"] = (len(runs), grid)
+    return jobs
+
+
 def prefix_pattern(prefixes) -> str:
     """The wildcard constraint of `{run}` that matches exactly these run prefixes ("" included)."""
     prefixes = list(prefixes)

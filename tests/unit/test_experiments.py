@@ -153,3 +153,32 @@ def test_run_config_writes_the_resolved_config_and_refuses_an_unknown_key(tmp_pa
     assert main(["run-config", "--config", str(SMALL), "--changes", '{"stage9": {}}', "--out", str(bad)]) == 2
     assert "--changes.stage9: no such key to override" in capsys.readouterr().err
     assert not bad.exists()
+
+
+def test_the_bill_and_the_data_budget_count_every_run_and_say_so():
+    import copy
+
+    from vcloud.runtime.bill import rule_jobs
+    from vcloud.runtime.budget import CHECKPOINT_FALLBACK_BYTES, data_budget
+    from vcloud.runtime.profile import load_workflow_config
+
+    single = load_workflow_config(ROOT / "config/config.yaml")
+    grid = copy.deepcopy(single)
+    grid["experiments"] = [{"name": "base"}, {"name": "s3_lr", "overrides": {"stage3": {"train": {"lr": 1.0e-4}}}}]
+    grid["seeds"] = [0, 1, 2]
+    jobs = rule_jobs(grid)
+    assert jobs["train_stage2"] == (3, "2 experiments x 3 seeds, 3 read from a run of the same identity")
+    assert jobs["train_stage3"] == (6, "2 experiments x 3 seeds")
+    assert jobs["fixed_protocol"][0] == jobs["wind_cache"][0] == 1
+    assert "train_stage3" not in rule_jobs(single)  # one job each, as before
+
+    def checkpoints(config):
+        (item,) = [i for i in data_budget(config).items if i.what.startswith("checkpoints")]
+        return item
+
+    # Without torch's parameter counts (model_set None) every checkpoint is the fallback size:
+    # best.pt and latest.pt of 4 stages, against 3 x 3 + 6 trainings in the grid.
+    assert checkpoints(single).bytes == 2 * 4 * CHECKPOINT_FALLBACK_BYTES
+    item = checkpoints(grid)
+    assert item.bytes == 2 * 15 * CHECKPOINT_FALLBACK_BYTES
+    assert "15 stage trainings for 6 runs" in item.what

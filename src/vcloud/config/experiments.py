@@ -177,3 +177,21 @@ def write_run_config(base: Path, changes: dict, out: Path) -> ModelSetConfig:
     header = f"# {base} with {json.dumps(changes)} (written by vcloud run-config for a research run)\n"
     atomic_write_text(Path(out), header + yaml.safe_dump(config_to_dict(model_set), sort_keys=False))
     return model_set
+
+
+def research_plan(config: dict) -> tuple[list[Run], list] | None:
+    """(runs, their RunPaths) of a research config as the workflow plans them, for the bill and
+    the data budget; None for a single run. model_config relative to the working directory,
+    else to this repository (as the workflow's)."""
+    from vcloud.workflow import run_paths
+
+    if not is_research(config):
+        return None
+    path = Path(config["model_config"])
+    if not path.is_absolute() and not path.exists():
+        path = Path(__file__).resolve().parents[3] / path
+    runs = plan_runs(config, path)
+    paths = config["paths"]
+    return runs, run_paths(
+        runs, prepared=paths["prepared"], results=paths["results"], patch_size=config["data"]["patch_size"]
+    )

@@ -112,9 +112,11 @@ def _archive_input(config: dict) -> bool:
 
 def rule_jobs(config: dict, model_set=None) -> dict[str, tuple[int, str]]:
     """rule -> (jobs, why) for every rule the run may submit (rules of unknown fan-out: one)."""
+    from vcloud.config.experiments import research_plan
     from vcloud.data.archive import archive_for
     from vcloud.data.layout import KINDS, dataset_region
     from vcloud.data.splits import assign_splits
+    from vcloud.workflow import research_jobs
 
     rois, source = rois_to_prepare(config)
     jobs: dict[str, tuple[int, str]] = {}
@@ -135,6 +137,9 @@ def rule_jobs(config: dict, model_set=None) -> dict[str, tuple[int, str]]:
         jobs["predict"] = (len(splits[predict["split"]]), f"ROIs of the {predict['split']} split")
     else:
         jobs["predict"] = (0, "predict.enabled is false")
+    plan = research_plan(config)
+    if plan is not None:  # experiments x seeds: every run's stages, those of one identity once
+        jobs.update(research_jobs(*plan))
     return jobs
 
 

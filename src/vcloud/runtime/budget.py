@@ -215,6 +215,9 @@ def _tree_listing(root: Path, *, times: int) -> tuple[int, int, dict]:
 
 def data_budget(config: dict, model_set=None) -> Budget:
     """Everything the run keeps on disk, per item (paths as configured)."""
+    from vcloud.config.experiments import research_plan
+    from vcloud.workflow import research_jobs
+
     budget = Budget()
     data, paths = config["data"], config["paths"]
     found = raw_budget(config, budget)
@@ -244,12 +247,18 @@ def data_budget(config: dict, model_set=None) -> Budget:
     results = Path(paths["results"])
     checkpoint = _checkpoint_bytes(model_set, budget)
     viewer = config.get("viewer", {}).get("samples", 12) * VIEWER_FILES_PER_SAMPLE + 3
+    trained, what = {stage.name: 1 for stage in STAGES}, "checkpoints, metrics, evaluation"
+    plan = research_plan(config)
+    if plan is not None:  # experiments x seeds: each stage once per identity (vcloud.workflow.research_jobs)
+        fan_out = research_jobs(*plan)
+        trained = {stage.name: fan_out[stage.train_rule][0] for stage in STAGES}
+        what += f" ({sum(trained.values())} stage trainings for {len(plan[0])} runs, experiments x seeds)"
     budget.items.append(
         Item(
-            "checkpoints, metrics, evaluation",
+            what,
             results,
-            len(STAGES) * RESULT_FILES_PER_STAGE,
-            2 * sum(checkpoint.values()),
+            sum(trained.values()) * RESULT_FILES_PER_STAGE,
+            2 * sum(checkpoint[name] * count for name, count in trained.items()),
             estimated=True,
         )
     )
