@@ -43,7 +43,7 @@ elif name == "scancel":
     open(os.environ["QUEUE"], "w").write("".join(l + "\n" for l in lines))
 elif name == "snakemake" and "--unlock" not in sys.argv:
     signal.signal(signal.SIGINT, lambda *a: sys.exit(130))
-    open(os.environ["CALLS"] + ".started", "w").write("1")
+    open(os.environ["CALLS"] + ".started", "w").write(str(os.getpid()))
     time.sleep(120)
 """
 
@@ -169,3 +169,38 @@ def test_the_controller_cleans_up_runs_snakemake_and_stops_cleanly_at_the_warnin
     assert ["scancel", "--signal=USR1", "21"] in cancels  # latest.pt at the next step boundary
     assert seen.index(sbatch) < seen.index(["scancel", "--signal=USR1", "21"])
     assert "next controller 4242" in out
+
+
+def test_a_killed_controller_takes_its_snakemake_with_it(tmp_path, slurm):
+    """SIGKILL on the controller (a cancelled job's end): its snakemake must not go on as an
+    orphan that keeps submitting beside the next controller (SLURM's proctrack/linuxproc loses
+    re-parented children; the test SLURM showed it)."""
+    profile = saga_profile(tmp_path)
+    command = [sys.executable, "-m", "vcloud.runtime.controller", "run", "--profile", str(profile)]
+    command += ["--script", str(tmp_path / "controller.sh"), "--grace", "5"]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=slurm["env"], stdout=subprocess.DEVNULL)
+    started = Path(str(slurm["calls"]) + ".started")
+    for _ in range(600):
+        if started.exists() and started.read_text():
+            break
+        time.sleep(0.1)
+    child = int(started.read_text())
+    assert alive(child)  # snakemake (the stand-in) runs
+    proc.kill()
+    proc.wait(timeout=10)
+    for _ in range(100):
+        if not alive(child):
+            break
+        time.sleep(0.05)
+    survived = alive(child)
+    if survived:
+        os.kill(child, signal.SIGKILL)  # leave no orphan behind
+    assert not survived, "the killed controller's snakemake still runs"
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie waiting for its new parent to reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

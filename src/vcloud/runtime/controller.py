@@ -17,6 +17,8 @@ In the job, `python -m vcloud.runtime.controller run` (the script's one command)
    run's jobs to stop at their next step boundary (SIGUSR1: latest.pt, exit 3), gives them the
    grace time, then stops snakemake (SIGINT: it cancels what is still queued) and exits.
    The next controller starts when this one has ended and carries on from step 1.
+A controller that is cancelled or dies takes its snakemake with it (die_with_parent); the rule
+jobs it leaves in the queue are the next controller's step 1.
 
 Local rules (the report's) then run inside the controller's job and are billed as its CPU time;
 the bill of the controller itself is printed before submission. Host-side only: no torch.
@@ -211,6 +213,21 @@ def submit(*, profile: Path, workdir: Path, snakemake_args: list[str], runtime: 
 # --- the job side -------------------------------------------------------------------------------
 
 
+def die_with_parent() -> None:
+    """In the child, before snakemake starts: the kernel kills it (SIGKILL) when the controller
+    dies. A cancelled controller job must not leave its snakemake running: where SLURM tracks a
+    job's processes by parentage (proctrack/linuxproc, pgid), a child whose parent died first is
+    re-parented and escapes the job's SIGKILL, and would go on submitting beside the next
+    controller. With proctrack/cgroup SLURM kills both anyway. Linux only (prctl); elsewhere a
+    no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 class Controller:
     """snakemake as a child process, stopped cleanly at the wall-time warning."""
 
@@ -263,7 +280,7 @@ class Controller:
         self.clean_up_earlier(workdir)
         command = ["snakemake", "--profile", str(self.profile), "--rerun-incomplete", *self.args]
         print(f"controller: {shlex.join(command)}", flush=True)
-        self.child = subprocess.Popen(command)
+        self.child = subprocess.Popen(command, preexec_fn=die_with_parent)
         while self.child.poll() is None:
             if self.warned:
                 self.stop(workdir)
