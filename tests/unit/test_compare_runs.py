@@ -87,6 +87,17 @@ def test_each_experiment_has_its_seeds_mean_and_std_and_the_others_a_paired_diff
     assert s1["mean"] == 34.0 and s1["difference"]["per_seed"] == pytest.approx([1.0, 3.0])
     assert s1["difference"]["difference"] == pytest.approx(2.0) and s1["difference"]["se_seed"] == pytest.approx(1.0)
     assert got["seeds"] == [0, 1] and got["experiments"] == ["base", "s1"]
+    assert s1["shared_with_baseline"] is False
+
+
+def test_a_stage_read_from_the_baselines_run_is_marked_shared_not_scored_as_a_result(tmp_path):
+    from vcloud.evaluation.compare import runs_markdown
+
+    b0, b1 = report(tmp_path, "b0", 2, [30.0, 32.0]), report(tmp_path, "b1", 2, [32.0, 34.0])
+    got = compare_runs([("base", 0, b0), ("base", 1, b1), ("s3", 0, b0), ("s3", 1, b1)], baseline="base")
+    shared = next(r for r in got["rows"] if r["experiment"] == "s3")
+    assert shared["shared_with_baseline"] and shared["difference"]["difference"] == 0
+    assert "| fixed | s3 | 2 | 31.00 | 33.00 | 32.00 ± 1.41 | same stage as base |" in runs_markdown(got)
 
 
 def test_runs_scored_on_different_samples_are_refused(tmp_path):

@@ -180,7 +180,7 @@ def compare_runs(reports: list[tuple[str, int | None, Path]], *, baseline: str, 
     reports: (experiment, seed, evaluation report) of every run and stage. Returns {"metric",
     "baseline", "experiments", "seeds", "rows": [{experiment, stage, protocol, samples,
     per_seed: {seed: mean}, mean, std, difference: seeded_difference against the baseline (None
-    for the baseline)}]}. Refused (BadInputError, one line): a baseline without reports, two
+    for the baseline), shared_with_baseline: every seed's report is the baseline's own file}]}. Refused (BadInputError, one line): a baseline without reports, two
     runs of one stage and protocol scored on different samples, an experiment whose seeds are
     not the baseline's.
     """
@@ -227,14 +227,14 @@ def _stage_values(runs: dict, experiments: list[str], stage: int, name: str) -> 
                     f"protocol {name}, stage {stage}: {first[0]} and {path} were scored on different samples; "
                     "compare runs evaluated on the same store with the same protocol settings"
                 )
-            values.setdefault(experiment, {})[seed] = (got[0], got[1])
+            values.setdefault(experiment, {})[seed] = (got[0], got[1], path)
     return values
 
 
 def _row(experiment, stage, name, by_seed, base, baseline, level) -> dict:
     import numpy as np
 
-    means = {seed: _mean(v) for seed, (v, _) in by_seed.items()}
+    means = {seed: _mean(v) for seed, (v, *_) in by_seed.items()}
     spread = np.std(list(means.values()), ddof=1) if len(means) >= 2 else None
     row = {
         "experiment": experiment,
@@ -257,6 +257,8 @@ def _row(experiment, stage, name, by_seed, base, baseline, level) -> dict:
     a = [by_seed[seed][0] for seed in order]
     b = [base[seed][0] for seed in order]
     row["difference"] = seeded_difference(a, b, groups=by_seed[order[0]][1], level=level)
+    # Every seed's report is the baseline's own file: the same trained stage, shared, not a result.
+    row["shared_with_baseline"] = all(by_seed[seed][2] == base[seed][2] for seed in order)
     return row
 
 
@@ -288,6 +290,8 @@ def _difference(row: dict, baseline: str) -> str:
     d = row["difference"]
     if d is None:
         return "baseline" if row["experiment"] == baseline else ""
+    if row.get("shared_with_baseline"):
+        return f"same stage as {baseline}"
     ci = "" if d["ci"] is None else f" [{d['ci'][0]:+.2f}, {d['ci'][1]:+.2f}]"
     return f"{d['difference']:+.2f}{ci}" + ("" if d["se_seed"] is not None else " (one seed)")
 
