@@ -81,6 +81,8 @@ def test_seeds_alone_make_runs_of_the_base_experiment():
             "experiments[0]: key stage1.train.lr: -1.0 must be > 0",
         ),
         ({"seeds": []}, "seeds: empty list"),
+        ({"seeds": [0], "rehearsal": {"enabled": True}}, "rehearsal.enabled: a rehearsal tries one run"),
+        ({"seeds": [0], "predict": {"enabled": True}}, "predict.enabled: predictions apply"),
         ({"seeds": [0], "compare": {"baseline": "nope"}}, "compare.baseline: 'nope' is not an experiment (base)"),
         ({"seeds": [1, 2, 1]}, "seeds[2]: 1 is listed twice"),
     ],

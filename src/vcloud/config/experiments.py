@@ -36,6 +36,11 @@ RESERVED_NAMES = frozenset(
 # Model-config keys no experiment may change: the model set's name (the bundle's file name) and
 # the evaluation section, which fixes the protocols' samples that every run is scored on.
 SHARED_MODEL_KEYS = ("name", "evaluation")
+# What a single run does and a grid of runs does not: (config section, why), refused together.
+SINGLE_RUN_KEYS = (
+    ("rehearsal", "a rehearsal tries one run on the cluster, not a grid of experiments and seeds"),
+    ("predict", "predictions apply one run's model, not a grid's"),
+)
 # The experiment a run without an `experiments:` table belongs to (several seeds of one config).
 DEFAULT_EXPERIMENT = "base"
 
@@ -67,6 +72,9 @@ def plan_runs(config: dict, model_config: Path) -> list[Run]:
     seeds = _seeds(config)
     if not is_research(config):
         return [Run(DEFAULT_EXPERIMENT, None, "", {}, _model_set(base, {}, "model_config"))]
+    for key, what in SINGLE_RUN_KEYS:
+        if (config.get(key) or {}).get("enabled"):
+            raise ConfigError(f"{key}.enabled: {what}; leave experiments and seeds out of its config")
     runs = []
     for where, name, changes in experiments:
         for seed in seeds:
