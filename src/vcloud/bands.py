@@ -49,8 +49,8 @@ def resolve_bands(value, *, key: str = "bands") -> tuple[str, ...]:
 
 
 def model_bands(cfg) -> tuple[str, ...]:
-    """The S2 bands a model set (config/models/*.yaml) takes, in its input and output order."""
-    return S2_BANDS  # every model of this vcloud: the 13 L1C bands (SEN12MS-CR-TS)
+    """The S2 bands a model set (config/models/*.yaml, data.bands) takes, in its input and output order."""
+    return resolve_bands(cfg.data.bands, key="data.bands")
 
 
 def band_set_name(bands: tuple[str, ...]) -> str:

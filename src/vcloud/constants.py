@@ -7,15 +7,18 @@ S2_BANDS: tuple[str, ...] = ("B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B8
 # Sentinel-1 GRD backscatter in dB.
 S1_BANDS: tuple[str, ...] = ("VV", "VH")
 # The sample tensor x (B, T, C, H, W) holds per date the S2 bands, then the S1 bands, then whether
-# the date has S1, then the cloud probability: C = 13 + 2 + 1 + 1. Models predict the S2 bands,
-# (B, 13, H, W). A date without S1 has zeros in S1_CHANNELS and 0 in S1_VALID_CHANNEL: the model is
-# told, rather than shown a fill value that looks like backscatter (-25 dB, open water).
-S2_CHANNELS = slice(0, len(S2_BANDS))  # x[:, :, S2_CHANNELS]: reflectances 0..1
-S1_CHANNELS = slice(S2_CHANNELS.stop, S2_CHANNELS.stop + len(S1_BANDS))  # backscatter 0..1
-S1_VALID_CHANNEL = S1_CHANNELS.stop  # x[:, :, S1_VALID_CHANNEL]: 1 where the date has S1, else 0
-CLOUD_CHANNEL = S1_VALID_CHANNEL + 1  # x[:, :, CLOUD_CHANNEL]: cloud probability 0..1 (an index, drops C)
-SAMPLE_CHANNELS = CLOUD_CHANNEL + 1  # C of x
-OUTPUT_CHANNELS = len(S2_BANDS)  # C of a prediction and of the target
+# the date has S1, then the cloud probability: C = 13 + 2 + 1 + 1 with the 13 L1C bands, and
+# len(bands) + 4 with another band set (vcloud.bands). Models predict the S2 bands, (B, 13, H, W).
+# A date without S1 has zeros in S1_CHANNELS and 0 in S1_VALID_CHANNEL: the model is told, rather
+# than shown a fill value that looks like backscatter (-25 dB, open water). The channels are
+# counted from the end, so that the same indices hold for every band set.
+EXTRA_CHANNELS = len(S1_BANDS) + 2  # per date after the S2 bands: S1, S1 validity, cloud probability
+S2_CHANNELS = slice(0, -EXTRA_CHANNELS)  # x[:, :, S2_CHANNELS]: reflectances 0..1
+S1_CHANNELS = slice(-EXTRA_CHANNELS, -2)  # backscatter 0..1
+S1_VALID_CHANNEL = -2  # x[:, :, S1_VALID_CHANNEL]: 1 where the date has S1, else 0
+CLOUD_CHANNEL = -1  # x[:, :, CLOUD_CHANNEL]: cloud probability 0..1 (an index, drops C)
+SAMPLE_CHANNELS = len(S2_BANDS) + EXTRA_CHANNELS  # C of x with the 13 L1C bands
+OUTPUT_CHANNELS = len(S2_BANDS)  # C of a prediction and of the target with the 13 L1C bands
 # Index of the true-colour bands inside S2_BANDS.
 RGB_INDICES: tuple[int, int, int] = (3, 2, 1)  # B4, B3, B2
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from vcloud.config import ModelSetConfig
 from vcloud.constants import CLOUD_CLASSES, S1_VALID_CHANNEL, S2_CHANNELS
-from vcloud.models.cfdt import CFDT
+from vcloud.models.build import build_cfdt, build_refiner
 from vcloud.models.refiner import DiffusionSchedule, Refiner, ddim_sample, refiner_condition
 from vcloud.weights import load_frozen, load_stage_weights
 from vcloud.wind.scan_orders import WindCache, sector_from_wind
@@ -282,12 +282,12 @@ def build_draft_under_refiner(
     """The CFDT of `draft_ckpt` (a stage-`draft_stage` checkpoint: stage 1's to start stage 3,
     stage 3's to predict with it), trainable, under stage 2's frozen refiner; it trains on what
     `stage3.self_training.loss_on` says."""
-    cfdt = install_wind_orders(CFDT(cfg.stage1.model), wind)
+    cfdt = install_wind_orders(build_cfdt(cfg), wind)
     cfdt.load_state_dict(load_stage_weights(draft_ckpt, stage=draft_stage))
     st = cfg.stage3.self_training
     return DraftUnderRefiner(
         cfdt,
-        load_frozen(Refiner(cfg.stage2.model), stage2_ckpt, stage=2),
+        load_frozen(build_refiner(cfg), stage2_ckpt, stage=2),
         loss_on=st.loss_on,
         grad_steps=st.grad_steps,
         **_sampling(cfg),
@@ -296,8 +296,8 @@ def build_draft_under_refiner(
 
 def build_pipeline(cfg: ModelSetConfig, *, stage1_ckpt: Path, wind: WindCache | None = None) -> RefinerPipeline:
     """Stage 1 (frozen) + a fresh refiner (pixel space: stage 0 is not part of it)."""
-    cfdt = install_wind_orders(load_frozen(CFDT(cfg.stage1.model), stage1_ckpt, stage=1), wind)
-    return RefinerPipeline(cfdt, Refiner(cfg.stage2.model), **_sampling(cfg))
+    cfdt = install_wind_orders(load_frozen(build_cfdt(cfg), stage1_ckpt, stage=1), wind)
+    return RefinerPipeline(cfdt, build_refiner(cfg), **_sampling(cfg))
 
 
 def _sampling(cfg: ModelSetConfig) -> dict:

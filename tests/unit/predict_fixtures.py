@@ -10,28 +10,30 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def tiny_checkpoints(folder: Path, *, wind: bool = False) -> dict:
+def tiny_checkpoints(folder: Path, *, wind: bool = False, bands: str | None = None) -> dict:
     """{"config": models.yaml, 1: stage-1 best.pt, 2: stage-2 best.pt} under `folder`; with
-    `wind`, a wind-scanning stage 1 and "wind": its scan-order cache for 32 px stores."""
+    `wind`, a wind-scanning stage 1 and "wind": its scan-order cache for 32 px stores; with
+    `bands`, models of that band set (data.bands)."""
     import torch
     import yaml
 
     from tests.workflow.snakemake_run import ROOT
     from vcloud.config import load_model_config
-    from vcloud.models.cfdt import CFDT
-    from vcloud.models.refiner import Refiner
+    from vcloud.models.build import build_cfdt, build_refiner
     from vcloud.train.checkpoint import checkpoint_meta, save_checkpoint
 
     folder.mkdir(parents=True, exist_ok=True)
     models = yaml.safe_load((ROOT / "tests/workflow/tiny_models.yaml").read_text())
     models["stage1"]["model"]["wind_scan"] = wind
+    if bands is not None:
+        models["data"]["bands"] = bands
     config = folder / "models.yaml"
     config.write_text(yaml.safe_dump(models))
     cfg = load_model_config(config)
     torch.manual_seed(0)
     stage1, stage2 = folder / "stage1.pt", folder / "stage2.pt"
-    save_checkpoint(stage1, {**checkpoint_meta(stage=1, config_hash="t"), "model": CFDT(cfg.stage1.model).state_dict()})
-    refiner = Refiner(cfg.stage2.model)
+    save_checkpoint(stage1, {**checkpoint_meta(stage=1, config_hash="t"), "model": build_cfdt(cfg).state_dict()})
+    refiner = build_refiner(cfg)
     with torch.no_grad():
         refiner.head[-1].weight.normal_(0.0, 0.05)
     save_checkpoint(stage2, {**checkpoint_meta(stage=2, config_hash="t"), "model": refiner.state_dict()})

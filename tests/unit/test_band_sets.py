@@ -238,3 +238,110 @@ def test_a_model_refuses_a_store_of_other_bands(l1c, tmp_path, capsys):
             f"{' '.join(L1C)} (l1c); prepare the store with the model's bands (vcloud prepare --bands)"
         ), err
         assert not out.exists(), command
+
+
+@pytest.fixture
+def l2a_store(l1c, tmp_path):
+    store = tmp_path / "l2a.zarr"
+    assert (
+        _prepare(_folder(tmp_path / "l2a", l1c, L2A, tags=BASELINE_05), store, "--bands", "l2a", "--level", "L2A") == 0
+    )
+    return store
+
+
+def test_samples_and_models_follow_the_band_set(l2a_store):
+    """x holds the store's 12 bands + 4; the simulated cloud has the 12 bands' spectrum and, the
+    store's mask being SCL's, its probability is the simulator's own (no s2cloudless on L2A)."""
+    import torch
+
+    from vcloud.data import cloudsim
+    from vcloud.data.samples import CloudySamples, finish_batch
+    from vcloud.models.build import build_cfdt
+
+    plain = CloudySamples(l2a_store, dates=2, length=4, seed=0, kinds=("thick",))
+    item = plain[0]
+    assert item["x"].shape == (2, 12 + 4, SIZE, SIZE) and item["target"].shape == (12, SIZE, SIZE)
+    slot = int(item["target_index"])
+    rng, _, _ = plain._draw(0)
+    opacity, shadow = cloudsim.simulate(rng, (SIZE, SIZE), "thick")
+    expected = np.round(cloudsim.simulated_probability(opacity, shadow) * 250) / 250
+    touched = (opacity > 0) | (shadow > 0)
+    np.testing.assert_allclose(item["x"][slot, -1].numpy()[touched], expected[touched], atol=1e-6)
+    np.testing.assert_array_equal(cloudsim.cloud_spectrum(L2A), np.delete(cloudsim.CLOUD_SPECTRUM, 10))
+
+    raw = CloudySamples(l2a_store, dates=2, length=4, seed=0, kinds=("thick",), raw=True, detect="device")
+    batch = finish_batch({k: v[None] for k, v in raw[0].items()})  # the device path: same values
+    torch.testing.assert_close(batch["x"][0], item["x"], rtol=0, atol=1e-6)
+
+    from dataclasses import replace
+
+    from tests.workflow.snakemake_run import ROOT
+    from vcloud.config import load_model_config
+
+    cfg = load_model_config(ROOT / "tests/workflow/tiny_models.yaml")
+    cfg = replace(
+        cfg,
+        data=replace(cfg.data, bands="l2a"),
+        stage1=replace(cfg.stage1, model=replace(cfg.stage1.model, wind_scan=False)),
+    )
+    model = build_cfdt(cfg)
+    draft = model(item["x"][None], item["days"][None].float(), item["target_index"][None])
+    assert draft.shape == (1, 12, SIZE, SIZE)
+
+
+def test_a_level_2a_model_evaluates_and_predicts_twelve_bands(l2a_store, tmp_path, capsys):
+    import json
+
+    import rasterio
+
+    from tests.unit.predict_fixtures import predict_args, tiny_checkpoints
+    from vcloud.cli import main
+
+    ckpt = tiny_checkpoints(tmp_path / "ckpt", bands="l2a")
+    report = tmp_path / "eval.json"
+    args = ["--stage", "1", "--store", str(l2a_store), "--stage1", str(ckpt[1]), "--config", str(ckpt["config"])]
+    assert main(["evaluate", *args, "--out", str(report)]) == 0
+    assert json.loads(report.read_text())["protocols"]  # scored on the L2A store's own samples
+    out = tmp_path / "pred"
+    assert main(predict_args(l2a_store, out, ckpt, "--min-cover", "-1")) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["bands"] == list(L2A) and "(L2A, as the input)" in manifest["scale"]
+    with rasterio.open(out / "ROIs9000_1_p0_2019-03-11.tif") as src:
+        assert src.count == 12 and src.descriptions == L2A
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                "fixed-protocol",
+                "--store",
+                str(l2a_store),
+                "--config",
+                str(ckpt["config"]),
+                "--out",
+                str(tmp_path / "f.npz"),
+            ]
+        )
+        == 2
+    )
+    assert "its cloud mask came with the data, not from s2cloudless" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # two trainings of the tiny models, 12-18 s on a shared core: the fast tier has the pieces
+def test_level_2a_trains_from_stage_0_to_stage_1(l2a_store, tmp_path):
+    """Stages 0 and 1 train on an L2A store of 12 bands (its natural clouds from SCL, its simulated
+    ones marked as SCL would) and their checkpoints take 12 bands."""
+    from tests.unit.predict_fixtures import tiny_checkpoints
+    from vcloud.cli import main
+    from vcloud.weights import load_stage_weights
+
+    config = str(tiny_checkpoints(tmp_path / "ckpt", bands="l2a")["config"])
+    stores = ["--train", str(l2a_store), "--val", str(l2a_store)]
+    assert main(["train", "--stage", "0", "--config", config, *stores, "--out", str(tmp_path / "s0")]) == 0
+    stage0 = str(tmp_path / "s0" / "best.pt")
+    assert (
+        main(["train", "--stage", "1", "--config", config, *stores, "--out", str(tmp_path / "s1"), "--stage0", stage0])
+        == 0
+    )
+    weights = load_stage_weights(tmp_path / "s1" / "best.pt", stage=1)
+    stem = next(value for key, value in weights.items() if key.endswith("stem.weight"))
+    assert stem.shape[1] == 12 + 4

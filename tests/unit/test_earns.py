@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from vcloud.constants import S2_CHANNELS
+from vcloud.constants import S2_CHANNELS, SAMPLE_CHANNELS
 from vcloud.evaluation.protocols import ReferenceSamples, reference_truths
 from vcloud.pipeline import keep_seen
 from vcloud.train.distributed import DistEnv
@@ -17,7 +17,7 @@ SINGLE = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="", master_port
 
 def _batch(prob: torch.Tensor, observed: torch.Tensor) -> dict:
     b, _, h, w = observed.shape
-    x = torch.rand(b, 3, 16, h, w)
+    x = torch.rand(b, 3, SAMPLE_CHANNELS, h, w)  # (B, T, 17, H, W)
     x[:, 1, S2_CHANNELS] = observed
     return {"x": x, "target_index": torch.full((b,), 1), "target_prob": prob}
 

@@ -111,7 +111,7 @@ def test_refiner_shapes_and_condition(small):
     torch.testing.assert_close(cond[:, 29], cloud)
     estimate, opacity = unmix_cloud(observed, draft, spectrum)
     torch.testing.assert_close(cond[:, 30:43], (estimate - draft) / 0.02)  # in residual units
-    torch.testing.assert_close(cond[:, OPACITY_CHANNEL : OPACITY_CHANNEL + 1], opacity)
+    torch.testing.assert_close(cond[:, OPACITY_CHANNEL:], opacity)
     r0 = model(torch.randn(B, 13, SIZE, SIZE), torch.tensor([0, 999]), cond)
     assert r0.shape == (B, 13, SIZE, SIZE)
     with pytest.raises(AssertionError, match="multiple of 4"):  # patch 2 x one downsampling

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from vcloud.constants import SAMPLE_CHANNELS
 from vcloud.train.stages import check_on_labelled, confidence, pseudo_label
 
 H = W = 4
@@ -52,7 +53,7 @@ class FakeTeacher(nn.Module):
 
 
 def _item(d, e, any_visible, *, labelled=False):
-    x = torch.full((2, 16, H, W), OBSERVED)
+    x = torch.full((2, SAMPLE_CHANNELS, H, W), OBSERVED)
     visible = torch.zeros(H, W, dtype=torch.bool)
     if any_visible:
         visible[:, :2] = True

@@ -43,6 +43,15 @@ from vcloud.constants import S1_BANDS, S2_SCALE
 from vcloud.errors import BadInputError, ConfigError
 from vcloud.io import atomic_output, provenance
 
+PRODUCTS = {
+    "L1C": "Sentinel-2 Level-1C top-of-atmosphere reflectance",
+    "L2A": "Sentinel-2 Level-2A bottom-of-atmosphere reflectance (BOA_ADD_OFFSET applied)",
+}
+CLOUD_PROBABILITY = {
+    "s2cloudless": "s2cloudless on the 13 bands, computed by vcloud prepare",
+    "scl": "the scene classification (SCL) through the store's class table (data.scl_cloud_prob)",
+    "mask": "the mask that came with the data (MASK/)",
+}
 log = logging.getLogger(__name__)
 
 FORMAT = "vcloud-bundle"
@@ -127,7 +136,7 @@ def write_bundle(
         "inputs": {
             "s2": {
                 "bands": list(model_bands(cfg)),
-                "product": "Sentinel-2 Level-1C top-of-atmosphere reflectance",
+                "product": PRODUCTS[training["level"]],
                 "dtype": "uint16",
                 "scale": f"reflectance x {S2_SCALE:g}",
                 "normalisation": training["normalisation"].get("s2"),
@@ -140,11 +149,14 @@ def write_bundle(
                 "missing": "a date without S1 is an input with its S1 zeroed and the S1-validity "
                 "channel at 0: the model is told (it trained with S1 dropped at random)",
             },
-            "cloud_probability": "s2cloudless on the 13 bands, computed by vcloud prepare",
+            "cloud_probability": CLOUD_PROBABILITY[training["mask"]],
             "input_dates": cfg.data.input_dates,
             "patch_size": training["patch_size"],
         },
-        "output": {"bands": list(model_bands(cfg)), "scale": f"uint16 reflectance x {S2_SCALE:g} (L1C, as the input)"},
+        "output": {
+            "bands": list(model_bands(cfg)),
+            "scale": f"uint16 reflectance x {S2_SCALE:g} ({training['level']}, as the input)",
+        },
         "wind": {"scan": bool(cfg.stage1.model.wind_scan), "cache": WIND if uses_wind else None},
         "training": training["record"],
         "checkpoints": {f"stage{n}.pt": meta for n, meta in metas.items()},
@@ -219,7 +231,15 @@ def _training_data(store: Path) -> dict:
         "rois": regions,
         "prepare_options": producer.get("options"),
     }
-    return {"record": record, "patch_size": height, "normalisation": ds.attrs.get("normalisation", {})}
+    from vcloud.data.masks import store_mask_source
+
+    return {
+        "record": record,
+        "patch_size": height,
+        "normalisation": ds.attrs.get("normalisation", {}),
+        "level": ds.attrs.get("s2_product_level", "L1C"),
+        "mask": store_mask_source(ds.attrs.get("cloud_mask")),
+    }
 
 
 def _evaluations(reports: list[Path], predicts: list[int]) -> dict:

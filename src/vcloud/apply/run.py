@@ -47,7 +47,7 @@ from vcloud.apply.manifest import (
 )
 from vcloud.apply.plan import batches, georefs, parse_dates, plan_jobs, read_batch, roi_names
 from vcloud.bands import model_bands
-from vcloud.constants import CLEAR_MAX_COVER, S2_BANDS, S2_SCALE, S2CLOUDLESS_KWARGS
+from vcloud.constants import CLEAR_MAX_COVER, S2_SCALE, S2CLOUDLESS_KWARGS
 from vcloud.data.masks import store_mask_source
 from vcloud.data.shards import ShardReader
 from vcloud.data.store import CLOUD_PROB_SCALE, check_bands
@@ -111,7 +111,8 @@ def predict(
     reader = ShardReader(store)  # opened once, handed down: the plan, the georeferencing, the wind check
     geo, rois = georefs(reader), roi_names(reader)
     cfg = load_model_config(config_path)
-    check_bands(store, model_bands(cfg), model=f"the model of {config_path}")
+    bands = model_bands(cfg)
+    check_bands(store, bands, model=f"the model of {config_path}")
     needed = require_checkpoints(get_stage(stage).predictor_needs, checkpoints, command=label)
     weights = {str(n): checksum(Path(p), "checkpoint") for n, p in needed.items()}
     wind = None
@@ -159,8 +160,8 @@ def predict(
         "wind_cache": None if wind_sha is None else {"path": str(wind_cache), "sha256": wind_sha},
         "request": request,
         "request_id": rid,
-        "bands": list(S2_BANDS),
-        "scale": f"uint16 reflectance x {S2_SCALE:g} (L1C, as the input)",
+        "bands": list(bands),
+        "scale": f"uint16 reflectance x {S2_SCALE:g} ({reader.s2_level}, as the input)",
         "clear_pixels": clear_pixels,
         "cloud_mask": _mask_description(reader.cloud_mask),
         "uncertainty": (
@@ -191,8 +192,8 @@ def predict(
     from tqdm import tqdm
 
     descriptions = {
-        "prediction": list(S2_BANDS),
-        "uncertainty": [f"{b} std" for b in S2_BANDS],
+        "prediction": list(bands),
+        "uncertainty": [f"{b} std" for b in bands],
         "cloud": ["cloud mask (1: cloud)", f"cloud probability x {CLOUD_PROB_SCALE} (255: none)"],
     }
     for group in tqdm(batches(jobs, batch_size), unit="batch", disable=None):

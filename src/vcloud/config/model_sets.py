@@ -40,8 +40,15 @@ class DataConfig:
     # its own, marked missing as a date without S1 is (data/samples.py), so that the models know
     # imagery without S1. 0: never (the samples drawn before this key existed).
     s1_dropout: float = 0.0
+    # The S2 bands the models take and predict, in order: a preset of vcloud.bands (l1c: the 13
+    # Level-1C bands of SEN12MS-CR-TS; l2a: 12, no B10; 10m_20m: 10) or a list of band names. A
+    # store of other bands is refused (prepare it with `vcloud prepare --bands`).
+    bands: str | tuple[str, ...] = "l1c"
 
     def __post_init__(self) -> None:
+        from vcloud.bands import resolve_bands
+
+        resolve_bands(self.bands)  # BandSetError (a ValueError): "bands: ..." names the key
         _check_positive(self, ("input_dates", "prefetch_factor"))
         if not 0.0 <= self.s1_dropout <= 1.0:
             raise ValueError(f"s1_dropout: {self.s1_dropout} is outside [0, 1]")

@@ -31,6 +31,8 @@ def stage_config_dict(cfg: ModelSetConfig, stage: int) -> dict:
     spec = get_stage(stage)
     for key in NOT_HASHED_TRAIN_KEYS:
         full[spec.name].get("train", {}).pop(key, None)
+    if full["data"].get("bands") == "l1c":  # the default band set hashes as before data.bands existed
+        full["data"].pop("bands")
     picked = {"data": full["data"], spec.name: full[spec.name]}
     builds_on = spec.builds_on(cfg)
     for upstream in builds_on:

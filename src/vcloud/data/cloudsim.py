@@ -12,10 +12,29 @@ from __future__ import annotations
 
 import numpy as np
 
-from vcloud.constants import CLOUD_CLASSES
+from vcloud.constants import CLOUD_CLASSES, S2_BANDS
 
 # Top-of-atmosphere reflectance of a thick cloud per band (0..1 scale, S2_BANDS order).
 CLOUD_SPECTRUM = np.array([0.52, 0.50, 0.49, 0.48, 0.49, 0.50, 0.51, 0.51, 0.515, 0.26, 0.05, 0.33, 0.21], np.float32)
+SHADOW_PROB = 0.5  # what a simulated shadow is marked with where the mask comes with the data (SCL's shadow)
+
+
+def cloud_spectrum(bands: tuple[str, ...] = S2_BANDS) -> np.ndarray:
+    """The thick cloud's reflectance in the order of `bands` (a band set of vcloud.bands).
+
+    The same reflectances for Level-2A as for Level-1C: atmospheric correction is made for the
+    ground, not for clouds, and changes a thick cloud's reflectance far less than its ground's.
+    """
+    return CLOUD_SPECTRUM[[S2_BANDS.index(band) for band in bands]]
+
+
+def simulated_probability(opacity: np.ndarray, shadow: np.ndarray) -> np.ndarray:
+    """(H, W) cloud probability 0..1 of a simulated cloud, as a mask that comes with the data marks
+    it: its opacity, and at least SHADOW_PROB under its shadow. Used where no detector runs (a store
+    whose mask is SCL's or the user's: s2cloudless there would mix two detectors, or cannot run)."""
+    return np.maximum(opacity, np.where(shadow > 0, np.float32(SHADOW_PROB), np.float32(0.0))).clip(0.0, 1.0)
+
+
 CURRICULUM = {
     "thin_only": ("thin",),
     "mixed": ("thin", "thick"),
@@ -69,8 +88,11 @@ def simulate(rng: np.random.Generator, size: tuple[int, int], kind: str) -> tupl
     return opacity.astype(np.float32), shadow.astype(np.float32)
 
 
-def apply(s2: np.ndarray, opacity: np.ndarray, shadow: np.ndarray) -> np.ndarray:
-    """Blend a cloud into normalised S2 (13, H, W): ground * (1 - a) * shade + cloud * a."""
+def apply(
+    s2: np.ndarray, opacity: np.ndarray, shadow: np.ndarray, *, spectrum: np.ndarray = CLOUD_SPECTRUM
+) -> np.ndarray:
+    """Blend a cloud into normalised S2 (C, H, W): ground * (1 - a) * shade + cloud * a, with the
+    cloud's `spectrum` (C,) in the image's bands (cloud_spectrum)."""
     shade = 1.0 - 0.5 * shadow
-    cloudy = s2 * ((1.0 - opacity) * shade)[None] + CLOUD_SPECTRUM[:, None, None] * opacity[None]
+    cloudy = s2 * ((1.0 - opacity) * shade)[None] + spectrum[:, None, None] * opacity[None]
     return np.clip(cloudy, 0.0, 1.0).astype(np.float32)

@@ -61,6 +61,7 @@ from vcloud.constants import (
     S1_CHANNELS,
     S1_CLIP_DB,
     S1_VALID_CHANNEL,
+    S2_BANDS,
     S2_CLIP,
     S2_SCALE,
     S2CLOUDLESS_KWARGS,
@@ -68,6 +69,7 @@ from vcloud.constants import (
 from vcloud.data import cloudsim
 from vcloud.data.cloud_trees import detected_levels
 from vcloud.data.clouds import cloud_probability
+from vcloud.data.masks import store_mask_source
 from vcloud.data.shards import ShardReader as StoreReader
 from vcloud.data.shards import as_reader
 from vcloud.data.store import CLOUD_PROB_SCALE, normalise_s1, normalise_s2
@@ -219,6 +221,11 @@ class CloudySamples(_StoreSamples):
             raise ValueError("CloudySamples detect='device' needs raw=True (finish_batch detects on the device)")
         self.detect = detect
         reader = as_reader(store)
+        # The cloud put on a clear target is in the store's bands; its probability is what the
+        # store's mask would say: s2cloudless's, or, for a mask that came with the data (SCL/,
+        # MASK/; any band set but L1C's 13), the simulated cloud itself (cloudsim.simulated_probability).
+        self.spectrum = cloudsim.cloud_spectrum(reader.s2_bands)
+        self.supplied_mask = store_mask_source(reader.cloud_mask) != "s2cloudless"
         usable = _usable(reader)
         single = left_out(reader, usable, sampler="cloudy samples", min_dates=2)
         clear = usable & (np.nan_to_num(reader.cloud_cover, nan=1.0) < clear_max_cover)
@@ -281,7 +288,7 @@ class CloudySamples(_StoreSamples):
         rng, (location, target_t, _, _, kind), (ys, xs) = self._draw(index)
         s2 = self.reader.read_raw(location, [target_t]).s2[0][:, ys, xs]  # (13, h, w) uint16
         opacity, shadow = cloudsim.simulate(rng, s2.shape[1:], kind)
-        return cloudsim.apply(normalise_s2(s2), opacity, shadow), (opacity > 0) | (shadow > 0)
+        return cloudsim.apply(normalise_s2(s2), opacity, shadow, spectrum=self.spectrum), (opacity > 0) | (shadow > 0)
 
     def s1_valid(self, index: int, location: int, dates: list[int]) -> np.ndarray:
         """(T,) bool: which of sample `index`'s dates have S1, after s1_dropout."""
@@ -303,9 +310,14 @@ class CloudySamples(_StoreSamples):
             s1 = np.where(s1_valid[:, None, None, None], s1, np.float32(S1_CLIP_DB[0]))
         prob = images.cloud_prob[:, ys, xs].copy()  # (T, h, w) uint8 as stored
         truth = normalise_s2(s2[target_index])
-        clouded = cloudsim.apply(truth, opacity, shadow)  # (13, h, w)
+        clouded = cloudsim.apply(truth, opacity, shadow, spectrum=self.spectrum)  # (C, h, w)
         detected = self._detected.get(index)
-        if self.detect == "device":  # finish_batch detects on the clouded target
+        if self.supplied_mask:  # no detector: the simulated cloud as the store's kind of mask marks it
+            touched = (opacity > 0) | (shadow > 0)
+            detected = prob[target_index].copy()
+            levels = np.round(cloudsim.simulated_probability(opacity, shadow) * CLOUD_PROB_SCALE).astype(np.uint8)
+            detected[touched] = levels[touched]
+        elif self.detect == "device":  # finish_batch detects on the clouded target
             detected = prob[target_index]
         elif detected is None:  # what prepare would store for the clouded target
             touched = (opacity > 0) | (shadow > 0)
@@ -330,8 +342,10 @@ class CloudySamples(_StoreSamples):
                 "s1_valid": torch.from_numpy(s1_valid.copy()),
                 "target_s1_valid": torch.tensor(bool(s1_valid[target_index])),
             }
-            if self.detect == "device":
+            if self.detect == "device" and not self.supplied_mask:
                 item["detect_target"] = torch.tensor(True)
+            if self.reader.s2_bands != S2_BANDS:  # finish_batch puts the cloud on in these bands
+                item["cloud_spectrum"] = torch.from_numpy(self.spectrum.copy())
         else:
             s2 = normalise_s2(s2)
             s2[target_index] = clouded
@@ -511,7 +525,7 @@ def finish_batch(batch: dict) -> dict:
     truth = s2[rows, slot]  # (B, 13, H, W) the clear target, a copy
     opacity = batch["cloud_opacity"].to(s2.device)  # (B, H, W)
     shadow = batch["cloud_shadow"].to(s2.device)
-    s2[rows, slot] = clouded = _apply_cloud(truth, opacity, shadow)
+    s2[rows, slot] = clouded = _apply_cloud(truth, opacity, shadow, batch.get("cloud_spectrum"))
     raw_prob = batch["prob_raw"].to(s2.device)  # (B, T, H, W) uint8
     if "detect_target" in batch:
         assert bool(batch["detect_target"].all()), "a batch mixes samples detected in the worker and here"
@@ -519,7 +533,7 @@ def finish_batch(batch: dict) -> dict:
         raw_prob[rows, slot] = _detect_target(raw_prob[rows, slot], clouded, opacity, shadow)
     prob = torch.where(raw_prob == 255, 1.0, raw_prob.to(torch.float32) / CLOUD_PROB_SCALE)  # (B, T, H, W)
     x = torch.cat([s2, s1, s1_valid.to(s2.dtype).expand(-1, -1, 1, *s2.shape[-2:]), prob[:, :, None]], dim=2)
-    drop = ("s2_raw", "s1_raw", "prob_raw", "cloud_opacity", "cloud_shadow", "detect_target")
+    drop = ("s2_raw", "s1_raw", "prob_raw", "cloud_opacity", "cloud_shadow", "detect_target", "cloud_spectrum")
     rest = {k: v for k, v in batch.items() if k not in drop}
     return {**rest, "x": x, "target": truth, "target_s1": s1[rows, slot], "target_prob": prob[rows, slot]}
 
@@ -533,9 +547,12 @@ def _detect_target(stored, clouded, opacity, shadow) -> torch.Tensor:
     return detected
 
 
-def _apply_cloud(s2: torch.Tensor, opacity: torch.Tensor, shadow: torch.Tensor) -> torch.Tensor:
-    """cloudsim.apply on a batch (B, 13, H, W), the same float32 operations in the same order."""
-    spectrum = torch.from_numpy(cloudsim.CLOUD_SPECTRUM).to(s2.device)[None, :, None, None]
+def _apply_cloud(s2: torch.Tensor, opacity: torch.Tensor, shadow: torch.Tensor, spectrum=None) -> torch.Tensor:
+    """cloudsim.apply on a batch (B, C, H, W), the same float32 operations in the same order;
+    spectrum (B, C): the samples' cloud spectra (None: the 13 L1C bands')."""
+    if spectrum is None:
+        spectrum = torch.from_numpy(cloudsim.CLOUD_SPECTRUM)[None]
+    spectrum = spectrum.to(s2.device)[:, :, None, None]
     shade = 1.0 - 0.5 * shadow
     cloudy = s2 * ((1.0 - opacity) * shade)[:, None] + spectrum * opacity[:, None]
     return cloudy.clamp(0.0, 1.0)

@@ -28,6 +28,7 @@ from vcloud.data.store import (
     normalise_s1,
     normalise_s2,
     open_store,
+    store_bands,
 )
 from vcloud.errors import BadInputError
 
@@ -239,6 +240,8 @@ class ShardReader:
             self.wind = np.full((*self.valid_s2.shape, 2), np.nan, np.float32)
         self.shape = (ds.sizes["location"], ds.sizes["time"], ds.sizes["y"], ds.sizes["x"])
         self.cloud_mask: dict = dict(ds.attrs.get("cloud_mask") or {})  # where the mask came from (data/masks.py)
+        self.s2_bands: tuple[str, ...] = store_bands(ds.attrs)
+        self.s2_level: str = ds.attrs.get("s2_product_level", "L1C")
         self.layouts = {name: ShardLayout.read(self.path, name) for name in IMAGE_VARS}
         # Each location's georeferencing and ROI (vcloud predict's COGs and folders), when kept.
         optional = lambda name: table(name) if name in ds else None  # noqa: E731

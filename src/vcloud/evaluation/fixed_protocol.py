@@ -134,8 +134,19 @@ def fixed_samples(
         kinds=EVAL_KINDS,
     )
     if detected is not None:
+        _needs_detection(dataset, store)
         dataset.detected = load_fixed_protocol(detected, dataset, clear_max_cover=cfg.data.clear_target_max_cover)
     return dataset
+
+
+def _needs_detection(dataset: CloudySamples, store: Path) -> None:
+    """A store whose mask came with the data (SCL/, MASK/) has no detection to precompute: its
+    clouded targets are marked as its mask would mark them (data/samples.py)."""
+    if dataset.supplied_mask:
+        raise BadInputError(
+            f"{store}: its cloud mask came with the data, not from s2cloudless: the fixed protocol has no detection "
+            "to precompute (vcloud evaluate marks the simulated clouds itself); run it without --fixed-protocol"
+        )
 
 
 # --- compute and write -----------------------------------------------------------------
@@ -168,6 +179,7 @@ def write_fixed_protocol(store: Path, cfg: ModelSetConfig, out: Path, *, threads
     if threads < 1:
         raise VcloudError(f"--threads: {threads}; expected at least 1")
     dataset = fixed_samples(store, cfg)
+    _needs_detection(dataset, store)
     arrays = detect_all(dataset, threads=threads)
     meta = {
         "format": FORMAT_NAME,

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from vcloud.constants import CLOUD_CHANNEL, OUTPUT_CHANNELS, S2CLOUDLESS_KWARGS
+from vcloud.constants import CLOUD_CHANNEL, S2_CHANNELS, S2CLOUDLESS_KWARGS
 
 CLOUDY_FROM = S2CLOUDLESS_KWARGS["threshold"]
-S2_BANDS, PROB_CHANNEL = OUTPUT_CHANNELS, CLOUD_CHANNEL
 
 
 def nearest_clear(
@@ -26,14 +25,14 @@ def nearest_clear(
 ) -> torch.Tensor:
     """x (B, T, C, H, W), target_index (B,), days (B, T) offsets from the target -> (B, 13, H, W)."""
     chosen = nearest_clear_index(x, target_index, days, clear_max_cover=clear_max_cover)
-    return x[torch.arange(len(x)), chosen, :S2_BANDS]
+    return x[torch.arange(len(x)), chosen, S2_CHANNELS]
 
 
 def nearest_clear_index(
     x: torch.Tensor, target_index: torch.Tensor, days: torch.Tensor, *, clear_max_cover: float = 0.05
 ) -> torch.Tensor:
     """(B,) the date each sample copies."""
-    prob = x[:, :, PROB_CHANNEL]  # (B, T, H, W)
+    prob = x[:, :, CLOUD_CHANNEL]  # (B, T, H, W)
     cover = (prob >= CLOUDY_FROM).float().mean(dim=(-2, -1))  # (B, T) cloudy fraction
     slots = torch.arange(x.shape[1], device=x.device)[None]  # (1, T)
     others = slots != target_index.to(x.device)[:, None]  # (B, T)

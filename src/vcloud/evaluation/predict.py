@@ -14,8 +14,7 @@ from pathlib import Path
 
 from vcloud.config import ModelSetConfig
 from vcloud.evaluation.protocols import EVAL_SEED
-from vcloud.models.autoencoder import Autoencoder
-from vcloud.models.cfdt import CFDT
+from vcloud.models.build import build_autoencoder, build_cfdt
 from vcloud.pipeline import build_draft_under_refiner, build_pipeline, draft_prediction, install_wind_orders
 from vcloud.registry import get_stage
 from vcloud.weights import load_frozen, load_stage_weights
@@ -24,7 +23,7 @@ from vcloud.weights import load_frozen, load_stage_weights
 def autoencoder(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
     """Stage 0: the autoencoder's reconstruction of the ground truth."""
     ((stage, path),) = checkpoints.items()
-    model = load_frozen(Autoencoder(cfg.stage0.model), path, stage=stage)
+    model = load_frozen(build_autoencoder(cfg), path, stage=stage)
     predict = lambda batch: model(batch["target"])
     predict.model = model
     return predict
@@ -33,7 +32,7 @@ def autoencoder(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
 def draft(cfg: ModelSetConfig, checkpoints: dict[int, Path], wind):
     """Stage 1: the CFDT's draft of the target date, its seen pixels kept (pipeline.keep_seen)."""
     ((stage, path),) = checkpoints.items()
-    cfdt = install_wind_orders(load_frozen(CFDT(cfg.stage1.model), path, stage=stage), wind)
+    cfdt = install_wind_orders(load_frozen(build_cfdt(cfg), path, stage=stage), wind)
     predict = lambda batch: draft_prediction(cfdt, batch, cfg.data.keep_seen_max_prob)
     predict.model = cfdt
     return predict

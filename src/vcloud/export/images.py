@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vcloud.constants import RGB_INDICES, S2_BANDS
+from vcloud.bands import rgb_indices
+from vcloud.constants import S2_BANDS
 
 TRUE_COLOUR_MAX = 0.3  # reflectance shown as full white
 ERROR_MAX = 0.1  # mean |error| shown as the ramp's top colour
@@ -34,10 +35,10 @@ def to_uint8(values: np.ndarray) -> np.ndarray:
     return np.round(np.clip(np.nan_to_num(values, nan=0.0), 0.0, 1.0) * 255.0).astype(np.uint8)
 
 
-def true_colour(s2: np.ndarray) -> np.ndarray:
-    """(13, H, W) S2 on the 0..1 scale -> (H, W, 3) uint8."""
-    assert s2.ndim == 3 and s2.shape[0] == len(S2_BANDS), f"expected ({len(S2_BANDS)}, H, W), got {s2.shape}"
-    rgb = s2[list(RGB_INDICES)].astype(np.float64) / TRUE_COLOUR_MAX
+def true_colour(s2: np.ndarray, bands: tuple[str, ...] = S2_BANDS) -> np.ndarray:
+    """(C, H, W) S2 of `bands` on the 0..1 scale -> (H, W, 3) uint8 (B4, B3, B2)."""
+    assert s2.ndim == 3 and s2.shape[0] == len(bands), f"expected ({len(bands)}, H, W), got {s2.shape}"
+    rgb = s2[list(rgb_indices(bands))].astype(np.float64) / TRUE_COLOUR_MAX
     return to_uint8(rgb).transpose(1, 2, 0)
 
 

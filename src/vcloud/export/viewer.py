@@ -92,20 +92,21 @@ def _numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().float().cpu().numpy()
 
 
-def _layers(batch: dict, outputs: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-    """The quicklooks of one sample (batch of one) as (H, W, 3) uint8 arrays."""
+def _layers(batch: dict, outputs: dict[str, torch.Tensor], bands: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The quicklooks of one sample (batch of one) as (H, W, 3) uint8 arrays; `bands`: the store's."""
     x = _numpy(batch["x"][0])  # (T, 17, H, W): 13 S2, 2 S1, S1 validity, cloud probability
     target = int(batch["target_index"][0])
     truth = _numpy(batch["target"][0])
     output = _numpy(outputs[LAST][0])
-    context = [im.true_colour(x[t, S2_CHANNELS]) for t in range(x.shape[0]) if t != target]
+    rgb = lambda s2: im.true_colour(s2, bands)  # noqa: E731
+    context = [rgb(x[t, S2_CHANNELS]) for t in range(x.shape[0]) if t != target]
     return {
-        "input": im.true_colour(x[target, S2_CHANNELS]),
-        "context": im.strip(context) if context else im.true_colour(x[target, S2_CHANNELS]),
+        "input": rgb(x[target, S2_CHANNELS]),
+        "context": im.strip(context) if context else rgb(x[target, S2_CHANNELS]),
         "cloud": im.grey(_numpy(batch["target_prob"][0])),
         "s1": im.grey(_numpy(batch["target_s1"][0, 0])),
-        **{stage.name: im.true_colour(_numpy(outputs[stage.name][0])) for stage in SHOWN},
-        "truth": im.true_colour(truth),
+        **{stage.name: rgb(_numpy(outputs[stage.name][0])) for stage in SHOWN},
+        "truth": rgb(truth),
         "error": im.error_map(output, truth),
     }
 
@@ -164,7 +165,7 @@ def export_viewer(
             for method in METHODS:
                 values = compute_all(outputs[method], target)
                 metrics[method] = {m: round(float(v[0]), 4) for m, v in values.items()}
-            layers = _layers(batch, outputs)
+            layers = _layers(batch, outputs, reader.s2_bands)
             names = {}
             for key, image in layers.items():
                 names[key] = f"{IMAGES}/s{index:04d}_{key}.png"

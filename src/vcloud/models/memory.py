@@ -80,31 +80,27 @@ def count_parameters(module: nn.Module) -> int:
 
 def parameter_counts(cfg) -> dict[str, int]:
     """Parameter counts of the three stage models, built on the meta device (no memory)."""
-    from vcloud.models.autoencoder import Autoencoder
-    from vcloud.models.cfdt import CFDT
-    from vcloud.models.refiner import Refiner
+    from vcloud.models.build import build_autoencoder, build_cfdt, build_refiner
 
     with torch.device("meta"):
         return {
-            "autoencoder_params": count_parameters(Autoencoder(cfg.stage0.model)),
-            "cfdt_params": count_parameters(CFDT(cfg.stage1.model)),
-            "refiner_params": count_parameters(Refiner(cfg.stage2.model)),
+            "autoencoder_params": count_parameters(build_autoencoder(cfg)),
+            "cfdt_params": count_parameters(build_cfdt(cfg)),
+            "refiner_params": count_parameters(build_refiner(cfg)),
         }
 
 
 def section_parameters(cfg, section: str) -> int:
     """Parameters of the model of config section `section` (`<section>.model`; a stage trains
     the one its registry entry's model_section names), chosen by its config type, on meta."""
-    from vcloud.models.autoencoder import Autoencoder
-    from vcloud.models.cfdt import CFDT
-    from vcloud.models.refiner import Refiner
+    from vcloud.models.build import build_autoencoder, build_cfdt, build_refiner
 
     model_cfg = getattr(cfg, section).model
-    models = {"AutoencoderConfig": Autoencoder, "CFDTConfig": CFDT, "RefinerConfig": Refiner}
+    models = {"AutoencoderConfig": build_autoencoder, "CFDTConfig": build_cfdt, "RefinerConfig": build_refiner}
     kind = type(model_cfg).__name__
     assert kind in models, f"{section}.model: no model for a {kind}"
     with torch.device("meta"):
-        return count_parameters(models[kind](model_cfg))
+        return count_parameters(models[kind](cfg, model_cfg))
 
 
 class _AllocationTrace:
@@ -350,7 +346,7 @@ def estimate(
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from vcloud.models.cfdt import CFDT
+    from vcloud.models.build import build_cfdt
     from vcloud.models.grid import token_stride
 
     started = time.perf_counter()
@@ -364,7 +360,7 @@ def estimate(
     results: dict[str, dict] = {}
     done: dict[tuple, dict] = {}
     with FakeTensorMode():
-        model = CFDT(cfg.stage1.model)
+        model = build_cfdt(cfg)
         for name, (bf16, optimisations) in scenarios(cfg.stage1).items():
             if name not in (*(DEFAULT_SCENARIOS if names is None else names), *REQUIRED):
                 continue

@@ -40,11 +40,17 @@ from vcloud.config import RefinerConfig
 from vcloud.constants import OUTPUT_CHANNELS, S1_BANDS
 from vcloud.models.blocks import Downsample, ReplicateConv2d, ResBlock, Upsample, output_head, sinusoidal_embedding
 
-S2_BANDS = OUTPUT_CHANNELS  # what diffuses: the S2 residual, (B, 13, H, W)
-# draft, observed target date, its S1 VV/VH, its S1 validity, cloud probability, the unmixed
-# residual, the opacity
-CONDITION_CHANNELS = 3 * S2_BANDS + len(S1_BANDS) + 3
-OPACITY_CHANNEL = CONDITION_CHANNELS - 1  # the last: what gates the refiner's correction
+S2_BANDS = OUTPUT_CHANNELS  # what diffuses: the S2 residual, (B, 13, H, W) with the 13 L1C bands
+
+
+def condition_channels(bands: int) -> int:
+    """Cc of the condition for `bands` S2 bands: draft, observed target date, its S1 VV/VH, its S1
+    validity, cloud probability, the unmixed residual, the opacity."""
+    return 3 * bands + len(S1_BANDS) + 3
+
+
+CONDITION_CHANNELS = condition_channels(S2_BANDS)  # 44 with the 13 L1C bands
+OPACITY_CHANNEL = -1  # the last: what gates the refiner's correction
 MAX_OPACITY = 0.95  # beyond it 1 / (1 - a) amplifies noise more than it recovers ground
 
 
@@ -84,8 +90,8 @@ def refiner_condition(
     """
     if cloud_prob.ndim == 3:
         cloud_prob = cloud_prob[:, None]
-    assert draft.shape == observed.shape and draft.shape[1] == S2_BANDS, (
-        f"draft and observed must both be (B, {S2_BANDS}, H, W), got {tuple(draft.shape)} and {tuple(observed.shape)}"
+    assert draft.shape == observed.shape and draft.shape[1] == len(spectrum), (
+        f"draft and observed must both be (B, {len(spectrum)}, H, W), got {tuple(draft.shape)} and {tuple(observed.shape)}"
     )
     assert s1.shape == (draft.shape[0], len(S1_BANDS), *draft.shape[-2:]), (
         f"s1 must be (B, 2, H, W) like the draft {tuple(draft.shape)}, got {tuple(s1.shape)}"
@@ -185,7 +191,7 @@ class Refiner(nn.Module):
             for block in blocks:
                 h = block(h, emb)
             h = upsample(h)
-        visibility = 1 - cond[:, OPACITY_CHANNEL : OPACITY_CHANNEL + 1].to(h.dtype)  # (B, 1, H, W)
+        visibility = 1 - cond[:, OPACITY_CHANNEL:].to(h.dtype)  # (B, 1, H, W)
         return F.pixel_shuffle(self.head(h), self.patch) * visibility  # (B, C, H, W)
 
 

@@ -56,9 +56,7 @@ from vcloud.errors import BadInputError
 from vcloud.evaluation.metrics import compute_all
 from vcloud.evaluation.protocols import ReferenceSamples, reference_samples
 from vcloud.evaluation.uncrtaints import UncrtaintsSamples
-from vcloud.models.autoencoder import Autoencoder
-from vcloud.models.cfdt import CFDT
-from vcloud.models.refiner import S2_BANDS
+from vcloud.models.build import build_autoencoder, build_cfdt
 from vcloud.pipeline import (  # noqa: F401 (re-exported: the builders' and their tests' names)
     EVAL_KINDS,
     LOSS_FLOOR,
@@ -176,7 +174,7 @@ def _on_device(task: StageTask) -> StageTask:
 
 def stage0(cfg: ModelSetConfig, *, train: Path, val: Path) -> StageTask:
     d = cfg.data
-    model = Autoencoder(cfg.stage0.model)
+    model = build_autoencoder(cfg)
 
     def loss(m, batch):
         return F.l1_loss(m(batch["target"]), batch["target"])
@@ -220,7 +218,7 @@ def stage1(
     train_set = _cloudy(
         cfg, train, train=True, stage_epochs=t.epochs, device=device, samples_per_epoch=t.samples_per_epoch
     )
-    model = install_wind_orders(CFDT(cfg.stage1.model), wind)
+    model = install_wind_orders(build_cfdt(cfg), wind)
     if stage0_ckpt is not None:
         copied = model.start_from_autoencoder(load_stage_weights(stage0_ckpt, stage=0))
         log.info("stage 1 starts its encoder's first level from %s (%d tensors)", stage0_ckpt, copied)
@@ -276,9 +274,10 @@ def fit_refiner_statistics(
     mean S2 of every input pixel, any date, with cloud probability >= CLOUD_MIN_PROB).
     """
     pipeline.to(device).eval()
-    total = torch.zeros(S2_BANDS, dtype=torch.float64)
-    squares = torch.zeros(S2_BANDS, dtype=torch.float64)
-    cloud_sum, cloud_count = torch.zeros(S2_BANDS, dtype=torch.float64), 0
+    bands = pipeline.refiner.channels
+    total = torch.zeros(bands, dtype=torch.float64)
+    squares = torch.zeros(bands, dtype=torch.float64)
+    cloud_sum, cloud_count = torch.zeros(bands, dtype=torch.float64), 0
     count = 0
     for index in range(len(samples)):
         batch = finish_batch({k: v[None].to(device) for k, v in samples[index].items()})
