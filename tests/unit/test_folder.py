@@ -155,3 +155,53 @@ def _parse(source, roi):
     from vcloud.data.layout import parse_name
 
     return parse_name(source.list_folder(roi, "s2", 1)[1][0])
+
+
+@pytest.mark.parametrize(
+    ("days", "paired"),
+    [(0, ["2019-03-01", None, None, "2019-03-31"]), (10, ["2019-03-01", "2019-03-13", "2019-03-13", "2019-03-31"])],
+)
+def test_the_s1_window_is_a_setting(folder, tmp_path, days, paired):
+    """--s1-max-days: 0 pairs only same-day S1 (03-13 is 2 days from 03-11); 10 gives 03-21 the
+    S1 of 03-13 (8 days off, nearer than 03-31's 10). The window is recorded in the store."""
+    from vcloud.cli import main
+    from vcloud.data.store import open_store
+
+    root, _ = folder
+    store = tmp_path / f"w{days}.zarr"
+    args = ["prepare", "--raw", str(root), "--roi", "ROIs9000/1", "--out", str(store), "--size", "32"]
+    assert main([*args, "--s1-max-days", str(days)]) == 0
+    ds = open_store(store)
+    got = [str(d)[:10] if ok else None for d, ok in zip(ds["date_s1"].values[0], ds["valid_s1"].values[0])]
+    assert got == paired
+    assert ds.attrs["producer"]["options"]["s1_max_days"] == days
+
+
+def test_a_negative_s1_window_is_one_line(folder, tmp_path, capsys):
+    from vcloud.cli import main
+
+    root, _ = folder
+    out = tmp_path / "x.zarr"
+    assert (
+        main(
+            [
+                "prepare",
+                "--raw",
+                str(root),
+                "--roi",
+                "ROIs9000/1",
+                "--out",
+                str(out),
+                "--size",
+                "32",
+                "--s1-max-days",
+                "-1",
+            ]
+        )
+        == 2
+    )
+    assert (
+        capsys.readouterr().err.strip()
+        == "vcloud prepare: error: --s1-max-days -1: expected a whole number of days, 0 or more"
+    )
+    assert not out.exists()

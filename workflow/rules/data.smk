@@ -87,11 +87,14 @@ rule prepare_roi:
             f"--scl {code}={prob}"
             for code, prob in DATA.get("scl_cloud_prob", {}).items()
         ),
+        s1_window=(
+            f"--s1-max-days {DATA['s1_max_days']}" if "s1_max_days" in DATA else ""
+        ),
     shell:
         "vcloud prepare {params.raw} --index-dir {params.index_dir} --roi {params.roi}"
         " --out {output.store} --threads {threads} --on-bad-image {params.policy}"
         " --times {params.times} --size {params.size} {params.wind} {params.clouds}"
-        " {params.scl} > {log} 2>&1"
+        " {params.scl} {params.s1_window} > {log} 2>&1"
 
 
 rule assemble_split:

@@ -107,6 +107,12 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--level", choices=("L1C", "L2A"), default="L1C", help="the S2 files' product level")
     p.add_argument(
+        "--s1-max-days",
+        type=int,
+        help="a plain folder: the S1 image nearest each S2 date is paired with it within this many days "
+        "(default 6; 0: the same day only)",
+    )
+    p.add_argument(
         "--boa-offset",
         type=int,
         help="Level-2A: the BOA_ADD_OFFSET of files whose metadata give neither it nor the processing baseline "
@@ -149,6 +155,7 @@ def run_prepare(args: argparse.Namespace) -> None:
         index_dir=args.index_dir,
         scl=parse_scl_flags(args.scl),
         s2=s2,
+        s1_max_days=args.s1_max_days,
     )
 
 

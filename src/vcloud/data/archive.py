@@ -438,21 +438,24 @@ def archives_under(path: Path) -> list[Path]:
     return []
 
 
-def resolve_sources(raws: list[Path], roi: RoiId, *, index_dir: Path | None = None) -> dict:
+def resolve_sources(
+    raws: list[Path], roi: RoiId, *, index_dir: Path | None = None, s1_max_days: int | None = None
+) -> dict:
     """kind -> the one source that holds that kind of `roi`, over every raw path given.
 
     A raw path is a folder of downloaded archives, one archive, or an extracted tree (e.g. the
     reference code's two roots: train, and val/test), or a plain folder of dated GeoTIFFs
     (data/folder.py), read as whichever ROI is asked for. A kind found in two places is an error:
-    which copy is meant cannot be guessed.
+    which copy is meant cannot be guessed. s1_max_days: a plain folder's S1 pairing window (None:
+    folder.S1_MAX_DAYS).
     """
-    from vcloud.data.folder import FolderSource, is_plain_folder
+    from vcloud.data.folder import S1_MAX_DAYS, FolderSource, is_plain_folder
 
     found: dict[str, list] = {kind: [] for kind in KINDS}
     for raw in raws:
         raw = Path(raw)
         if is_plain_folder(raw):  # your own series: S2/, S1/ of dated files (data/folder.py)
-            folder = FolderSource(raw)
+            folder = FolderSource(raw, s1_max_days=S1_MAX_DAYS if s1_max_days is None else s1_max_days)
             for kind in KINDS:
                 if folder.has(roi, kind):
                     found[kind].append(folder)

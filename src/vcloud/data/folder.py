@@ -12,7 +12,7 @@ is one location; several locations (tiles of one area, each the same size) are o
 The date is the end of the file name: YYYYMMDD or YYYY-MM-DD right before `.tif` / `.tiff`
 (`S2/20180311.tif`, `S2/mytile_2018-03-11.tif`). Each S2 date is one time index, in date order;
 a tile's dates need not be another tile's. Each S2 date is paired with the S1 image nearest in
-time within S1_MAX_DAYS (ties: the earlier); an S2 date with none is a date without S1, and an S1
+time within s1_max_days (default S1_MAX_DAYS; `vcloud prepare --s1-max-days`, data.s1_max_days; ties: the earlier); an S2 date with none is a date without S1, and an S1
 image no S2 date takes is not read (logged). SCL/ or MASK/ (not both) must hold an image of
 every S2 date, and every tile of a folder the same kind; without either the mask is
 s2cloudless's, computed from the S2 bands.
@@ -35,7 +35,7 @@ from vcloud.errors import BadInputError
 
 log = logging.getLogger(__name__)
 
-S1_MAX_DAYS = 6  # one Sentinel-1 satellite's repeat is 12 days: every S2 date has one within 6
+S1_MAX_DAYS = 6  # the default window: one Sentinel-1 satellite's repeat is 12 days, every S2 date has one within 6
 _DATE_RE = re.compile(r"(?:^|[^0-9])(\d{4})-?(\d{2})-?(\d{2})\.tiff?$", re.IGNORECASE)
 NAMING = "<anything>_YYYYMMDD.tif or <anything>_YYYY-MM-DD.tif"
 
@@ -73,11 +73,11 @@ def _dated(folder: Path) -> list[tuple[dt.date, Path]]:
     return sorted(found.items())
 
 
-def _pair(s2: list, s1: list, folder: Path) -> dict[int, tuple[dt.date, Path]]:
-    """time index -> (S1 date, file): the S1 image nearest each S2 date, within S1_MAX_DAYS."""
+def _pair(s2: list, s1: list, folder: Path, max_days: int = S1_MAX_DAYS) -> dict[int, tuple[dt.date, Path]]:
+    """time index -> (S1 date, file): the S1 image nearest each S2 date, within max_days."""
     pairs = {}
     for t, (date, _) in enumerate(s2):
-        near = [(abs((d - date).days), d, p) for d, p in s1 if abs((d - date).days) <= S1_MAX_DAYS]
+        near = [(abs((d - date).days), d, p) for d, p in s1 if abs((d - date).days) <= max_days]
         if near:
             _, d, p = min(near)
             pairs[t] = (d, p)
@@ -87,7 +87,7 @@ def _pair(s2: list, s1: list, folder: Path) -> dict[int, tuple[dt.date, Path]]:
             "%s: %d S1 images more than %d days from every S2 date, not read: %s",
             folder / "S1",
             len(unused),
-            S1_MAX_DAYS,
+            max_days,
             ", ".join(unused),
         )
     return pairs
@@ -96,8 +96,11 @@ def _pair(s2: list, s1: list, folder: Path) -> dict[int, tuple[dt.date, Path]]:
 class FolderSource:
     """A plain folder read as one ROI: patch = tile, t = S2 date index (module docstring)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, *, s1_max_days: int = S1_MAX_DAYS):
+        if isinstance(s1_max_days, bool) or not isinstance(s1_max_days, int) or s1_max_days < 0:
+            raise BadInputError(f"--s1-max-days {s1_max_days!r}: expected a whole number of days, 0 or more")
         self.root = Path(root)
+        self.s1_max_days = s1_max_days
         if (self.root / "S2").is_dir():
             tiles = [self.root]
         else:
@@ -112,7 +115,7 @@ class FolderSource:
                 raise BadInputError(f"{tile / 'S2'}: no GeoTIFF ({NAMING})")
             for t, item in enumerate(s2):
                 self.files[("s2", patch, t)] = item
-            for t, item in _pair(s2, _dated(tile / "S1"), tile).items():
+            for t, item in _pair(s2, _dated(tile / "S1"), tile, s1_max_days).items():
                 self.files[("s1", patch, t)] = item
             self._add_masks(patch, tile, s2)
             self.times = max(self.times, len(s2))

@@ -78,6 +78,7 @@ def prepare_roi(
     index_dir: Path | None = None,
     scl: dict | None = None,
     s2: S2Spec = S2Spec(),
+    s1_max_days: int | None = None,
 ) -> dict:
     """Prepare one ROI; returns the summary counts that are also logged.
 
@@ -86,7 +87,8 @@ def prepare_roi(
     indexes are (default: beside each archive); a missing one is built, a stale one refused.
     scl: SCL class code -> cloud probability (data/masks.py; None: the default table), used
     when a plain folder brings SCL/. s2: the S2 files' band set and product level
-    (data/s2files.py; other than 13 L1C bands only in a plain folder).
+    (data/s2files.py; other than 13 L1C bands only in a plain folder). s1_max_days: a plain
+    folder's S1 pairing window in days (None: folder.S1_MAX_DAYS, 6).
     """
     if on_bad_image not in ("fail", "skip"):
         raise BadInputError(f"on_bad_image: '{on_bad_image}' is not one of fail, skip")
@@ -94,7 +96,7 @@ def prepare_roi(
         raise BadInputError(f"workers: {workers!r} is not a positive number of threads")
     raws = [Path(p) for p in raw] if isinstance(raw, (list, tuple)) else [Path(raw)]
     out = Path(out)
-    scan = scan_roi(resolve_sources(raws, roi, index_dir=index_dir), roi, times=times)
+    scan = scan_roi(resolve_sources(raws, roi, index_dir=index_dir, s1_max_days=s1_max_days), roi, times=times)
     problems = list(scan.problems)
     _fail_on(problems, on_bad_image)
     spec = _mask_spec(scan, scl_table(scl), s2)
@@ -109,6 +111,8 @@ def prepare_roi(
         "cloud_mask": spec.source,
         "s2": s2.attrs(),
     }
+    if isinstance(scan.sources.get("s2"), FolderSource):
+        options["s1_max_days"] = scan.sources["s2"].s1_max_days
     where = ", ".join(sorted({str(Path(str(source)).resolve()) for source in scan.sources.values()}))
     label = "SEN12MS-CR-TS" if not isinstance(scan.sources.get("s2"), FolderSource) else "plain folder"
     attrs = store_attrs(source=f"{label} {where}", options=options, s2_bands=s2.bands)
