@@ -2,14 +2,15 @@
 # checkpoints a rule takes comes from the stage registry (src/vcloud/registry.py) through
 # vcloud.workflow; this file only names the paths of the runs (common.smk: RUNS, RUN_PATHS).
 # The rules that each run has (training, evaluation, the fixed protocol, the wind cache, the
-# stage tables) take the run from the wildcard {run}: "" for a single run, "/<experiment>/seed<k>"
-# for a research run; their input functions read that run's model set and paths.
+# stage tables) take the run from the wildcard {run}: empty for a single run, else the run's
+# folder under the results, <experiment>/seed<k>, with a leading slash; their input functions read
+# that run's model set and paths.
 from vcloud import workflow as logic
 from vcloud.config import config_hash, stage_config_dict
 from vcloud.errors import ConfigError
 from vcloud.registry import STAGE_NUMBERS, VIEWER_STAGES
 
-# The paths of every rule that has a {run} wildcard: results{run}/stage<n>/best.pt, ...
+# The paths of the rules that have a {run} wildcard (results{run}/stage<n>/best.pt, ...).
 PATTERN = RunPaths(prepared=PREPARED, results=f"{RESULTS}{{run}}")
 RUN_OF = {run.prefix: (run, paths) for run, paths in zip(RUNS, RUN_PATHS)}
 
