@@ -11,7 +11,7 @@ agreement (mean, lowest), mean cover of each, their correlation, and images each
 
 A real series that carries both: eo-learn's test patch (github.com/sentinel-hub/eo-learn, MIT,
 commit 0fcaca8bbd28, example_data/TestEOPatch/mask/SCL.npy and data/CLP.npy: 36 Sentinel-2 L1C
-dates of 2015-2017, 101 x 100 px at 10 m, UTM 33N; CLP is Sentinel Hub's s2cloudless probability
+dates, 101 x 100 px at 10 m, UTM 33N; CLP is Sentinel Hub's s2cloudless probability
 of the L1C bands, SCL Sen2Cor's classification of the same dates).
 """
 
