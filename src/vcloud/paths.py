@@ -50,16 +50,22 @@ class RunPaths:
         return f"{self.home('wind')}/wind/scan_orders.npz"
 
     # --- evaluation
-    def eval_report(self, stage: int) -> str:
-        return f"{self.home(f'eval{stage}')}/eval/stage{stage}.json"
+    @staticmethod
+    def split_suffix(split: str) -> str:
+        """What names an evaluation file's split: nothing for test (eval/stage<n>.json), the
+        split's name otherwise (eval/stage<n>.val.json: research runs choose on val)."""
+        return "" if split == "test" else f".{split}"
+
+    def eval_report(self, stage: int, split: str = "test") -> str:
+        return f"{self.home(f'eval{stage}')}/eval/stage{stage}{self.split_suffix(split)}.json"
 
     def stage_comparison(self, suffix: str = "json") -> str:
         """Each stage against the one before it on every protocol (vcloud compare-stages)."""
         return f"{self.results}/eval/stages.{suffix}"
 
-    def fixed_protocol(self) -> str:
+    def fixed_protocol(self, split: str = "test") -> str:
         """The fixed protocol's detection: written once, read by every evaluation and the viewer."""
-        return f"{self.home('fixed_protocol')}/eval/fixed_protocol.npz"
+        return f"{self.home('fixed_protocol')}/eval/fixed_protocol{self.split_suffix(split)}.npz"
 
     # --- viewer, report, bundle, predict, rehearsal
     def viewer_page(self) -> str:
@@ -90,10 +96,10 @@ class RunPaths:
 
     def run_outputs(self) -> list[str]:
         """What `all` asks of a research run: its stages (another run's where shared), their
-        evaluations and its stage table."""
+        evaluations on test and on val (where designs are chosen) and its stage table."""
         return (
             [self.checkpoint(stage) for stage in STAGE_NUMBERS]
-            + [self.eval_report(stage) for stage in STAGE_NUMBERS]
+            + [self.eval_report(stage, split) for split in ("val", "test") for stage in STAGE_NUMBERS]
             + [self.stage_comparison()]
         )
 

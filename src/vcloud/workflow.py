@@ -128,14 +128,18 @@ def research_jobs(runs, paths) -> dict[str, tuple[int, str]]:
     experiments = len({run.experiment for run in runs})
     grid = f"{experiments} experiments x {len(runs) // max(experiments, 1)} seeds"
     jobs = {}
+    # Evaluations and the fixed protocol's detection: on test and on val (where designs are chosen).
+    splits = {"train": 1, "evaluate": 2, "fixed_protocol": 2, "wind_cache": 1}
     for stage in STAGES:
         for rule, key in ((stage.train_rule, f"stage{stage.number}"), (stage.evaluate_rule, f"eval{stage.number}")):
             count = len(makers(runs, paths, key))
             shared = f", {len(runs) - count} read from a run of the same identity" if count < len(runs) else ""
-            jobs[rule] = (count, f"{grid}{shared}")
+            on = ", on test and val" if rule == stage.evaluate_rule else ""
+            jobs[rule] = (count * splits[rule.split("_")[0]], f"{grid}{shared}{on}")
     for rule, key in (("fixed_protocol", "fixed_protocol"), ("wind_cache", "wind")):
         count = len(makers(runs, paths, key))
-        jobs[rule] = (count, f"one per setting among {grid}")
+        on = ", on test and val" if rule == "fixed_protocol" else ""
+        jobs[rule] = (count * splits[rule], f"one per setting among {grid}{on}")
     if not any(run.model_set.stage1.model.wind_scan for run in runs):
         jobs["wind_cache"] = (0, "stage1.model.wind_scan is off")
     jobs["report_tables"] = (len(runs), grid)

@@ -97,7 +97,7 @@ def test_a_stage_read_from_the_baselines_run_is_marked_shared_not_scored_as_a_re
     got = compare_runs([("base", 0, b0), ("base", 1, b1), ("s3", 0, b0), ("s3", 1, b1)], baseline="base")
     shared = next(r for r in got["rows"] if r["experiment"] == "s3")
     assert shared["shared_with_baseline"] and shared["difference"]["difference"] == 0
-    assert "| fixed | s3 | 2 | 31.00 | 33.00 | 32.00 ± 1.41 | same stage as base |" in runs_markdown(got)
+    assert "| fixed | test | s3 | 2 | 31.00 | 33.00 | 32.00 ± 1.41 | same stage as base |" in runs_markdown(got)
 
 
 def test_runs_scored_on_different_samples_are_refused(tmp_path):
@@ -118,7 +118,7 @@ def test_vcloud_compare_writes_both_files_or_neither(tmp_path, capsys):
     args = ["compare", "--out", str(out), "--markdown", str(md), "--baseline", "base"]
     assert main([*args, "--report", "base", "0", str(b0), "--report", "s1", "0", str(s0)]) == 0
     text = md.read_text()
-    assert "| fixed | s1 | 2 | 32.00 | 32.00 | +1.00 [+1.00, +1.00] (one seed) |" in text, text
+    assert "| fixed | test | s1 | 2 | 32.00 | 32.00 | +1.00 [+1.00, +1.00] (one seed) |" in text, text
     assert json.loads(out.read_text())["baseline"] == "base"
     out.unlink(), md.unlink()
     bad = report(tmp_path, "bad", 1, [30.0, 32.0], settings={"dates": 3})
@@ -126,4 +126,21 @@ def test_vcloud_compare_writes_both_files_or_neither(tmp_path, capsys):
     assert "were scored on different samples" in capsys.readouterr().err
     assert not out.exists() and not md.exists()
     assert main([*args, "--report", "other", "0", str(b0)]) == 2
-    assert "--baseline: 'base' has no report" in capsys.readouterr().err
+    assert "--baseline: 'base' has no test report" in capsys.readouterr().err
+
+
+def test_with_val_reports_the_table_is_decided_on_val_and_reports_test(tmp_path):
+    from vcloud.evaluation.compare import runs_markdown
+
+    test = [("base", 0, report(tmp_path, "tb", 1, [30.0, 32.0])), ("s1", 0, report(tmp_path, "ts", 1, [31.0, 33.0]))]
+    val = [("base", 0, report(tmp_path, "vb", 1, [20.0, 22.0])), ("s1", 0, report(tmp_path, "vs", 1, [20.5, 22.5]))]
+    got = compare_runs(test, baseline="base", val_reports=val)
+    assert got["decided_on"] == "val"
+    by = {(r["split"], r["experiment"]): r for r in got["rows"]}
+    assert by["val", "s1"]["difference"]["difference"] == pytest.approx(0.5)
+    assert by["test", "s1"]["difference"]["difference"] == pytest.approx(1.0)
+    text = runs_markdown(got)
+    assert "Designs are chosen on the **val** split" in text
+    # Within a protocol the val rows come first: the choice, then what it is reported at.
+    assert text.index("| fixed | val | s1 |") < text.index("| fixed | test | base |")
+    assert compare_runs(test, baseline="base")["decided_on"] == "test"

@@ -171,7 +171,8 @@ def test_the_bill_and_the_data_budget_count_every_run_and_say_so():
     jobs = rule_jobs(grid)
     assert jobs["train_stage2"] == (3, "2 experiments x 3 seeds, 3 read from a run of the same identity")
     assert jobs["train_stage3"] == (6, "2 experiments x 3 seeds")
-    assert jobs["fixed_protocol"][0] == jobs["wind_cache"][0] == 1
+    assert jobs["evaluate_stage3"] == (12, "2 experiments x 3 seeds, on test and val")
+    assert jobs["fixed_protocol"][0] == 2 and jobs["wind_cache"][0] == 1
     assert "train_stage3" not in rule_jobs(single)  # one job each, as before
 
     def checkpoints(config):
@@ -184,3 +185,11 @@ def test_the_bill_and_the_data_budget_count_every_run_and_say_so():
     item = checkpoints(grid)
     assert item.bytes == 2 * 15 * CHECKPOINT_FALLBACK_BYTES
     assert "15 stage trainings for 6 runs" in item.what
+
+
+def test_a_pairing_file_of_one_split_is_refused_for_research_runs(tmp_path):
+    pairs = tmp_path / "pairs.yaml"
+    pairs.write_text(f"based_on: {SMALL}\nevaluation: {{uncrtaints: {{pairs: /data/generic_3_test.npy}}}}\n")
+    assert plan_runs({"data": WORKFLOW_DATA}, pairs)[0].model_set.evaluation.uncrtaints.pairs  # a single run: fine
+    with pytest.raises(ConfigError, match=r"evaluation.uncrtaints.pairs: research runs score the val split too"):
+        plan_runs({"data": WORKFLOW_DATA, "seeds": [0, 1]}, pairs)

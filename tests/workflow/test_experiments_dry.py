@@ -43,10 +43,11 @@ def grid(tmp_path_factory):
 def test_each_experiment_and_seed_is_a_run_and_shared_stages_train_once(grid):
     counts = job_counts(grid)
     # 3 experiments x 2 seeds; s3_lr changes stage 3 only, so stages 0-2 are base's: 4 of each
-    # (base and no_s1, two seeds), 6 stage-3 trainings and evaluations; data prepared once.
-    assert counts["train_stage0"] == counts["train_stage2"] == counts["evaluate_stage2"] == 4, counts
-    assert counts["train_stage3"] == counts["evaluate_stage3"] == counts["report_tables"] == 6, counts
-    assert counts["assemble_split"] == 3 and counts["fixed_protocol"] == counts["wind_cache"] == 1, counts
+    # (base and no_s1, two seeds), 6 stage-3 trainings; every evaluation on test and on val; data
+    # prepared once, the fixed protocol detected once per split.
+    assert counts["train_stage0"] == counts["train_stage2"] == 4 and counts["evaluate_stage2"] == 8, counts
+    assert counts["train_stage3"] == counts["report_tables"] == 6 and counts["evaluate_stage3"] == 12, counts
+    assert counts["assemble_split"] == 3 and counts["fixed_protocol"] == 2 and counts["wind_cache"] == 1, counts
     assert counts["run_config"] == 6 and "export_viewer" not in counts, counts
     commands = [line for line in grid.splitlines() if "vcloud train --stage 3" in line]
     s3_lr = next(line for line in commands if "--out results/s3_lr/seed1/stage3" in line)
@@ -61,6 +62,10 @@ def test_each_experiment_and_seed_is_a_run_and_shared_stages_train_once(grid):
     assert "--out results/compare.json --markdown results/compare.md --baseline base" in compare, compare
     assert "--report s3_lr 1 results/base/seed1/eval/stage2.json" in compare, compare
     assert "--report s3_lr 1 results/s3_lr/seed1/eval/stage3.json" in compare, compare
+    assert "--val-report s3_lr 1 results/s3_lr/seed1/eval/stage3.val.json" in compare, compare
+    evaluate = [line for line in grid.splitlines() if "vcloud evaluate --stage 3" in line]
+    val = next(line for line in evaluate if "--out results/no_s1/seed0/eval/stage3.val.json" in line)
+    assert "--store results/prepared/val.zarr" in val and "eval/fixed_protocol.val.npz" in val, val
 
 
 def test_one_stage_of_one_seed_of_one_experiment_is_made_by_its_target(tmp_path):

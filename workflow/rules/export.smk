@@ -1,23 +1,24 @@
-# Evaluation of every stage on the test split (three protocols, next to three baselines), the
-# offline viewer and the run report's figures and tables. One evaluation rule per stage of the
-# registry: evaluate_stage0, evaluate_stage1, evaluate_stage2, evaluate_stage3.
+# Evaluation of every stage on the test split (three protocols, next to three baselines; research
+# runs on val too), the offline viewer and the run report's figures and tables. One evaluation
+# rule per stage of the registry: evaluate_stage0, evaluate_stage1, evaluate_stage2, evaluate_stage3.
 
 
 # The fixed protocol's cloud detection (s2cloudless on every synthetic-clouded target), done once
 # on all the rule's threads: every evaluate_stage<n> and export_viewer read it instead of detecting.
 rule fixed_protocol:
     input:
-        unpack(get_run_config_input),
-        store=RUN.split_store("test"),
+        unpack(get_fixed_protocol_input),
     output:
-        detected=PATTERN.fixed_protocol(),
+        detected=get_scored(PATTERN.fixed_protocol()),
     log:
-        "logs/fixed_protocol{run}/fixed_protocol.log",
+        "logs/fixed_protocol{run}/fixed_protocol{scored}.log",
     benchmark:
-        "benchmarks/fixed_protocol{run}/fixed_protocol.tsv"
-    # One detection per fixed-protocol setting: the first run with it makes it, the others read it.
+        "benchmarks/fixed_protocol{run}/fixed_protocol{scored}.tsv"
+    # One detection per fixed-protocol setting and split: the first run with it makes it, the
+    # others read it.
     wildcard_constraints:
         run=get_makers("fixed_protocol"),
+        scored=get_scored_splits(),
     conda:
         "../../envs/vcloud.yaml"
     container:
@@ -41,14 +42,16 @@ for stage in STAGE_NUMBERS:
         input:
             unpack(get_evaluate_input(stage)),
         output:
-            report=PATTERN.eval_report(stage),
+            report=get_scored(PATTERN.eval_report(stage)),
         log:
-            f"logs/evaluate_stage{stage}{{run}}/evaluate_stage{stage}.log",
+            f"logs/evaluate_stage{stage}{{run}}/evaluate_stage{stage}{{scored}}.log",
         benchmark:
-            f"benchmarks/evaluate_stage{stage}{{run}}/evaluate_stage{stage}.tsv"
+            f"benchmarks/evaluate_stage{stage}{{run}}/evaluate_stage{stage}{{scored}}.tsv"
         # Only the run that makes the evaluation: another with the same stages reads its report.
+        # Research runs score val too ({scored} ".val"), where their designs are chosen.
         wildcard_constraints:
             run=get_makers(f"eval{stage}"),
+            scored=get_scored_splits(),
         retries: get_retries(f"evaluate_stage{stage}")
         conda:
             "../../envs/vcloud.yaml"
@@ -181,7 +184,13 @@ localrules:
 
 rule compare:
     input:
-        reports=list(dict.fromkeys(path for run, path in get_compare_reports())),
+        reports=list(
+            dict.fromkeys(
+                path
+                for split in ("val", "test")
+                for run, path in get_compare_reports(split)
+            )
+        ),
     output:
         comparison=RUN.comparison(),
         markdown=RUN.comparison("md"),

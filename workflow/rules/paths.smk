@@ -107,25 +107,51 @@ def get_checkpoint_flags(input):
     return logic.checkpoint_flags(dict(input.items()))
 
 
+def get_scored(path):
+    """An evaluation file of RunPaths with its split as the wildcard {scored} (RunPaths.split_suffix:
+    empty for test, ".val" for val)."""
+    stem, _, ext = path.rpartition(".")
+    return f"{stem}{{scored}}.{ext}"
+
+
+def get_scored_splits():
+    """{scored}'s constraint: test only for a single run (its pipeline unchanged), test and val for
+    research runs (designs are chosen on val, reported on test)."""
+    splits = ["test", "val"] if RESEARCH else ["test"]
+    return logic.prefix_pattern([RunPaths.split_suffix(split) for split in splits])
+
+
+def get_scored_split(wildcards):
+    return "val" if wildcards.scored else "test"
+
+
 def get_evaluate_input(stage):
-    """The test split, the checkpoints a stage's predictions need, and the pairing file of
-    protocol uncrtaints when the model config names one (vcloud evaluate reads it there).
+    """The split's store (test, or val in research runs), the checkpoints a stage's predictions
+    need, the fixed protocol's detection on that store, and the pairing file of protocol
+    uncrtaints when the model config names one (the test split's; vcloud evaluate reads it there).
     """
 
     def inputs(wildcards):
         run, paths = get_run(wildcards)
+        split = get_scored_split(wildcards)
         found = logic.evaluate_inputs(
             stage,
-            store=paths.split_store("test"),
+            store=paths.split_store(split),
             checkpoint_path=paths.checkpoint,
             wind_cache=get_wind_cache_input(run.model_set, paths),
         )
-        found["fixed_protocol"] = paths.fixed_protocol()
+        found["fixed_protocol"] = paths.fixed_protocol(split)
         pairs = run.model_set.evaluation.uncrtaints.pairs
-        found.update({"uncrtaints_pairs": pairs} if pairs else {})
+        found.update({"uncrtaints_pairs": pairs} if pairs and split == "test" else {})
         return {**found, **get_run_config_input(wildcards)}
 
     return inputs
+
+
+def get_fixed_protocol_input(wildcards):
+    """The store whose fixed samples are detected (test, or val in research runs)."""
+    store = RUN.split_store(get_scored_split(wildcards))
+    return {**get_run_config_input(wildcards), "store": store}
 
 
 def get_evaluation_hash(wildcards):
@@ -144,20 +170,21 @@ def get_stage_tables_input(wildcards):
     return [paths.eval_report(stage) for stage in STAGE_NUMBERS]
 
 
-def get_compare_reports():
-    """Every research run's evaluation reports (a shared one where it is shared), by run."""
+def get_compare_reports(split="test"):
+    """Every research run's evaluation reports on a split (a shared one where it is shared)."""
     return [
-        (run, paths.eval_report(stage))
+        (run, paths.eval_report(stage, split))
         for run, paths in zip(RUNS, RUN_PATHS)
         for stage in STAGE_NUMBERS
     ]
 
 
 def get_compare_flags():
-    """vcloud compare's --report EXPERIMENT SEED REPORT flags and its --baseline."""
+    """vcloud compare's --baseline, and --val-report/--report EXPERIMENT SEED REPORT per run."""
     flags = [
-        f"--report {run.experiment} {'-' if run.seed is None else run.seed} {shlex.quote(path)}"
-        for run, path in get_compare_reports()
+        f"--{flag} {run.experiment} {'-' if run.seed is None else run.seed} {shlex.quote(path)}"
+        for split, flag in (("val", "val-report"), ("test", "report"))
+        for run, path in get_compare_reports(split)
     ]
     return " ".join([f"--baseline {baseline(config, RUNS)}", *flags])
 

@@ -92,8 +92,16 @@ def add_compare(sub: argparse._SubParsersAction) -> None:
         action="append",
         required=True,
         metavar=("EXPERIMENT", "SEED", "REPORT"),
-        help="one run's evaluation report (results/<experiment>/seed<k>/eval/stage<n>.json, or the run's it "
-        "shares); SEED '-' for a run on the model config's own seeds; repeatable",
+        help="one run's evaluation report on test (results/<experiment>/seed<k>/eval/stage<n>.json, or the "
+        "run's it shares); SEED '-' for a run on the model config's own seeds; repeatable",
+    )
+    p.add_argument(
+        "--val-report",
+        nargs=3,
+        action="append",
+        default=[],
+        metavar=("EXPERIMENT", "SEED", "REPORT"),
+        help="the same on val (eval/stage<n>.val.json): given, the table says designs are chosen on val; repeatable",
     )
     p.set_defaults(func=run_compare)
 
@@ -102,10 +110,19 @@ def run_compare(args: argparse.Namespace) -> None:
     from vcloud.errors import BadInputError
     from vcloud.evaluation.compare import runs_markdown, write_run_comparison
 
-    reports = []
-    for experiment, seed, path in args.report:
-        if seed != "-" and not seed.isdigit():
-            raise BadInputError(f"--report {experiment} {seed} {path}: SEED must be a non-negative integer or '-'")
-        reports.append((experiment, None if seed == "-" else int(seed), Path(path)))
-    comparison = write_run_comparison(reports, args.out, baseline=args.baseline, markdown_out=args.markdown)
+    def runs(flag: str, given: list) -> list:
+        found = []
+        for experiment, seed, path in given:
+            if seed != "-" and not seed.isdigit():
+                raise BadInputError(f"{flag} {experiment} {seed} {path}: SEED must be a non-negative integer or '-'")
+            found.append((experiment, None if seed == "-" else int(seed), Path(path)))
+        return found
+
+    comparison = write_run_comparison(
+        runs("--report", args.report),
+        args.out,
+        baseline=args.baseline,
+        val_reports=runs("--val-report", args.val_report),
+        markdown_out=args.markdown,
+    )
     print(runs_markdown(comparison), end="")

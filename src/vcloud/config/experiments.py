@@ -82,6 +82,11 @@ def plan_runs(config: dict, model_config: Path) -> list[Run]:
             model_set = _model_set(base, combined, where)
             runs.append(Run(name, seed, f"/{name}/seed{seed}" if seed is not None else f"/{name}", combined, model_set))
     baseline(config, runs)  # refused here, with the rest, when it names no experiment
+    if runs[0].model_set.evaluation.uncrtaints.pairs is not None:  # evaluation: the same in every run
+        raise ConfigError(
+            f"{model_config}: evaluation.uncrtaints.pairs: research runs score the val split too, and a "
+            "pairing file is one split's; leave it null (the pairs computed from each store)"
+        )
     return runs
 
 

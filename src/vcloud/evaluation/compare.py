@@ -174,39 +174,51 @@ def _pooled(protocols: dict, name: str) -> tuple[list[float], list, tuple] | Non
     return values, locations, tuple(_sample_key(result) for result, _ in found)
 
 
-def compare_runs(reports: list[tuple[str, int | None, Path]], *, baseline: str, level: float = 0.95) -> dict:
-    """Every experiment against `baseline`, per stage and protocol (and "natural", pooled).
+def compare_runs(
+    reports: list[tuple[str, int | None, Path]],
+    *,
+    baseline: str,
+    val_reports: list[tuple[str, int | None, Path]] = (),
+    level: float = 0.95,
+) -> dict:
+    """Every experiment against `baseline`, per stage and protocol (and "natural", pooled), on the
+    val split where its reports are given (the split designs are chosen on) and on test.
 
-    reports: (experiment, seed, evaluation report) of every run and stage. Returns {"metric",
-    "baseline", "experiments", "seeds", "rows": [{experiment, stage, protocol, samples,
-    per_seed: {seed: mean}, mean, std, difference: seeded_difference against the baseline (None
-    for the baseline), shared_with_baseline: every seed's report is the baseline's own file}]}. Refused (BadInputError, one line): a baseline without reports, two
-    runs of one stage and protocol scored on different samples, an experiment whose seeds are
-    not the baseline's.
+    reports, val_reports: (experiment, seed, evaluation report) of every run and stage on test and
+    on val. Returns {"metric", "baseline", "experiments", "seeds", "decided_on": "val" (or "test"
+    without val reports), "rows": [{split, experiment, stage, protocol, samples, per_seed: {seed:
+    mean}, mean, std, difference: seeded_difference against the baseline (None for the
+    baseline), shared_with_baseline: every seed's report is the baseline's own file}]}. Refused
+    (BadInputError, one line): a baseline without reports, two runs of one split, stage and
+    protocol scored on different samples, an experiment whose seeds are not the baseline's.
     """
-    runs: dict[tuple[str, int], dict] = {}  # (experiment, stage) -> {seed: (path, protocols)}
-    experiments: list[str] = []
-    for experiment, seed, path in reports:
-        report = _read(path)
-        experiments += [] if experiment in experiments else [experiment]
-        runs.setdefault((experiment, int(report["stage"])), {})[seed] = (Path(path), report["protocols"])
-    if baseline not in experiments:
-        raise BadInputError(f"--baseline: {baseline!r} has no report (experiments: {', '.join(experiments)})")
-    stages = sorted({stage for _, stage in runs})
-    seeds = sorted({seed for by_seed in runs.values() for seed in by_seed}, key=lambda s: -1 if s is None else s)
-    out: dict = {"metric": METRIC, "baseline": baseline, "experiments": experiments, "seeds": seeds, "rows": []}
-    for stage in stages:
-        names = sorted(
-            {n for e in experiments for _, protocols in runs.get((e, stage), {}).values() for n in protocols},
-            key=_protocol_order,
-        )
-        for name in [*names, "natural"]:
-            values = _stage_values(runs, experiments, stage, name)
-            if not values:
-                continue
-            base = values.get(baseline)
-            for experiment, by_seed in values.items():
-                out["rows"].append(_row(experiment, stage, name, by_seed, base, baseline, level))
+    out: dict = {"metric": METRIC, "baseline": baseline, "decided_on": "val" if val_reports else "test", "rows": []}
+    for split, given in (("val", val_reports), ("test", reports)):
+        if not given:
+            continue
+        runs: dict[tuple[str, int], dict] = {}  # (experiment, stage) -> {seed: (path, protocols)}
+        experiments: list[str] = []
+        for experiment, seed, path in given:
+            report = _read(path)
+            experiments += [] if experiment in experiments else [experiment]
+            runs.setdefault((experiment, int(report["stage"])), {})[seed] = (Path(path), report["protocols"])
+        if baseline not in experiments:
+            raise BadInputError(
+                f"--baseline: {baseline!r} has no {split} report (experiments: {', '.join(experiments)})"
+            )
+        out["experiments"] = experiments
+        out["seeds"] = sorted({s for by_seed in runs.values() for s in by_seed}, key=lambda s: -1 if s is None else s)
+        for stage in sorted({stage for _, stage in runs}):
+            names = sorted(
+                {n for e in experiments for _, protocols in runs.get((e, stage), {}).values() for n in protocols},
+                key=_protocol_order,
+            )
+            for name in [*names, "natural"]:
+                values = _stage_values(runs, experiments, stage, name)
+                base = values.get(baseline)
+                for experiment, by_seed in values.items():
+                    row = _row(experiment, stage, name, by_seed, base, baseline, level)
+                    out["rows"].append({"split": split, **row})
     return out
 
 
@@ -268,18 +280,26 @@ def runs_markdown(comparison: dict) -> str:
     with its interval."""
     seeds = [str(s) for s in comparison["seeds"]]
     level = next((r["difference"]["ci_level"] for r in comparison["rows"] if r["difference"]), 0.95)
+    decided = comparison["decided_on"]
     lines = [
         f"Mean {comparison['metric'].upper()} (dB) per run; difference from `{comparison['baseline']}`, "
         f"paired by sample and seed, with its {level:.0%} interval (seed level and location clustering).",
+        "",
+        f"Designs are chosen on the **{decided}** split (rows `{decided}`)"
+        + ("; the test rows report what was chosen, nothing is chosen on them." if decided == "val" else "."),
     ]
     for stage in sorted({r["stage"] for r in comparison["rows"]}):
         columns = [f"seed {s}" if s != "None" else "value" for s in seeds]
-        header = ["protocol", "experiment", "samples", *columns, "mean ± std", "difference [CI]"]
+        header = ["protocol", "split", "experiment", "samples", *columns, "mean ± std", "difference [CI]"]
         lines += ["", f"### Stage {stage}", "", "| " + " | ".join(header) + " |"]
-        lines.append("| --- | --- | " + " | ".join(["--:"] * (len(header) - 2)) + " |")
-        for r in (r for r in comparison["rows"] if r["stage"] == stage):
+        lines.append("| --- | --- | --- | " + " | ".join(["--:"] * (len(header) - 3)) + " |")
+        rows = sorted(
+            (r for r in comparison["rows"] if r["stage"] == stage),
+            key=lambda r: (_protocol_order(r["protocol"]), r["split"] != "val"),
+        )
+        for r in rows:
             std = "" if r["std"] is None else f" ± {r['std']:.2f}"
-            cells = [r["protocol"], r["experiment"], str(r["samples"])]
+            cells = [r["protocol"], r["split"], r["experiment"], str(r["samples"])]
             cells += [_fmt(r["per_seed"].get(s)) for s in seeds]
             cells += [f"{_fmt(r['mean'])}{std}", _difference(r, comparison["baseline"])]
             lines.append("| " + " | ".join(cells) + " |")
@@ -297,9 +317,14 @@ def _difference(row: dict, baseline: str) -> str:
 
 
 def write_run_comparison(
-    reports: list[tuple[str, int | None, Path]], out: Path, *, baseline: str, markdown_out: Path | None = None
+    reports: list[tuple[str, int | None, Path]],
+    out: Path,
+    *,
+    baseline: str,
+    val_reports: list[tuple[str, int | None, Path]] = (),
+    markdown_out: Path | None = None,
 ) -> dict:
-    comparison = compare_runs(reports, baseline=baseline)
+    comparison = compare_runs(reports, baseline=baseline, val_reports=val_reports)
     if markdown_out is not None:
         text = runs_markdown(comparison)
     atomic_write_json(out, comparison, indent=1)
