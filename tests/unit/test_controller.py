@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -59,9 +60,11 @@ def slurm(tmp_path, monkeypatch):
     calls, queue = tmp_path / "calls.jsonl", tmp_path / "queue.txt"
     calls.write_text("")
     queue.write_text("")
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls), "QUEUE": str(queue), "USER": "alice"}
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls), "QUEUE": str(queue)}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
+    monkeypatch.delenv("USER", raising=False)  # as in a batch job started without it
+    monkeypatch.delenv("LOGNAME", raising=False)
     return {"calls": calls, "queue": queue, "env": {**os.environ, **env}}
 
 
@@ -158,6 +161,8 @@ def test_the_controller_cleans_up_runs_snakemake_and_stops_cleanly_at_the_warnin
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     seen = calls(slurm)
+    me = pwd.getpwuid(os.getuid()).pw_name
+    assert all(c[1:4] == ["--noheader", "--user", me] for c in seen if c[0] == "squeue")  # never --user ''
     cancels = [c for c in seen if c[0] == "scancel"]
     assert cancels[0] == ["scancel", "11"]  # the dead controller's job, not the other run's
     unlock = next(c for c in seen if c[0] == "snakemake" and "--unlock" in c)
@@ -169,6 +174,7 @@ def test_the_controller_cleans_up_runs_snakemake_and_stops_cleanly_at_the_warnin
     assert ["scancel", "--signal=USR1", "21"] in cancels  # latest.pt at the next step boundary
     assert seen.index(sbatch) < seen.index(["scancel", "--signal=USR1", "21"])
     assert "next controller 4242" in out
+    assert json.loads((tmp_path / "logs" / "controller" / "controller.json").read_text())["job"] == "4242"
 
 
 def test_a_killed_controller_takes_its_snakemake_with_it(tmp_path, slurm):

@@ -136,10 +136,17 @@ def _run(command: list[str], *, check: bool = True) -> str:
     return proc.stdout
 
 
+def user_name() -> str:
+    """This user's name from the password database: $USER is not set everywhere a controller
+    runs (a batch job started without it, cron), and `squeue --user ''` answers nothing."""
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
 def queued_jobs(workdir: Path) -> list[dict]:
     """This user's queued and running jobs whose working directory is `workdir`."""
-    user = os.environ.get("USER") or os.environ.get("LOGNAME") or ""
-    out = _run(["squeue", "--noheader", "--user", user, "--format=%i|%j|%T|%Z"])
+    out = _run(["squeue", "--noheader", "--user", user_name(), "--format=%i|%j|%T|%Z"])
     here = os.path.realpath(workdir)
     jobs = []
     for line in out.splitlines():
@@ -261,6 +268,9 @@ class Controller:
         dependency = f"--dependency=afterany:{self.job_id}" if self.job_id else "--begin=now"
         out = _run(["sbatch", "--parsable", dependency, str(self.script_path)], check=False)
         print(f"controller: wall time ends soon; next controller {out.strip() or '(not submitted)'}", flush=True)
+        if out.strip():  # where `vcloud submit` wrote the first one's: the controller of this run now
+            state = {"job": out.strip().split(";")[0], "script": str(self.script_path), "after": self.job_id}
+            atomic_write_text(workdir / STATE, json.dumps(state) + "\n")
         ours = leftovers(queued_jobs(workdir), prefix=self.prefix, own_job=self.job_id)
         running = [j["id"] for j in ours if j["state"] == "RUNNING"]
         if running:  # training saves latest.pt at the next step boundary and exits 3
