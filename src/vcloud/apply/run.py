@@ -112,7 +112,7 @@ def predict(
     geo, rois = georefs(reader), roi_names(reader)
     cfg = load_model_config(config_path)
     bands = model_bands(cfg)
-    check_bands(store, bands, model=f"the model of {config_path}")
+    check_bands(store, bands, model=f"the model of {config_path}", have=reader.s2_bands)
     needed = require_checkpoints(get_stage(stage).predictor_needs, checkpoints, command=label)
     weights = {str(n): checksum(Path(p), "checkpoint") for n, p in needed.items()}
     wind = None

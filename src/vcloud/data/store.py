@@ -77,11 +77,13 @@ def store_bands(attrs: dict) -> tuple[str, ...]:
     return tuple(attrs.get("s2_bands", S2_BANDS))
 
 
-def check_bands(store: Path, model_bands: Sequence[str], *, model: str) -> None:
-    """One line naming the store, its bands and the model's, when a model cannot read the store."""
+def check_bands(store: Path, model_bands: Sequence[str], *, model: str, have: Sequence[str] | None = None) -> None:
+    """One line naming the store, its bands and the model's, when a model cannot read the store.
+    have: the store's bands when its reader is open already (else the store is opened for them)."""
     from vcloud.bands import band_set_name
 
-    have, want = store_bands(open_store(store).attrs), tuple(model_bands)
+    have = tuple(have) if have is not None else store_bands(open_store(store).attrs)
+    want = tuple(model_bands)
     if have != want:
         raise BadInputError(
             f"{store}: S2 bands {' '.join(have)} ({band_set_name(have)}), but {model} takes {' '.join(want)} "

@@ -67,9 +67,9 @@ def evaluate(
     command = f"vcloud evaluate --stage {stage}"
     needed = require_checkpoints(get_stage(stage).predictor_needs, checkpoints, command=command)
     cfg = load_model_config(config_path)
-    check_bands(store, model_bands(cfg), model=f"the model of {config_path}")
     torch.manual_seed(EVAL_SEED)
     reader = ShardReader(store)  # opened once, handed to every protocol
+    check_bands(store, model_bands(cfg), model=f"the model of {config_path}", have=reader.s2_bands)
     wind = None
     if get_stage(stage).reads_wind:
         wind = load_wind_orders(cfg, store=reader, wind_cache=wind_cache, world_size=1, command=command)
