@@ -345,3 +345,19 @@ def test_level_2a_trains_from_stage_0_to_stage_1(l2a_store, tmp_path):
     weights = load_stage_weights(tmp_path / "s1" / "best.pt", stage=1)
     stem = next(value for key, value in weights.items() if key.endswith("stem.weight"))
     assert stem.shape[1] == 12 + 4
+
+
+def test_the_workflow_config_reaches_prepare():
+    """data.bands / product_level / boa_offset of the workflow config become prepare's flags, and
+    the parser reads back what the config said; absent keys add nothing (the default command)."""
+    import shlex
+
+    from vcloud.cli import build_parser
+    from vcloud.data.s2files import prepare_flags
+
+    assert prepare_flags({"times": 30}) == ""
+    flags = prepare_flags({"bands": ["B2", "B3", "B4", "B8"], "product_level": "L2A", "boa_offset": -1000})
+    args = build_parser().parse_args(
+        ["prepare", "--raw", "x", "--roi", "ROIs9000/1", "--out", "y", *shlex.split(flags)]
+    )
+    assert (args.bands, args.level, args.boa_offset) == ("B2,B3,B4,B8", "L2A", -1000)

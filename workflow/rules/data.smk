@@ -2,6 +2,8 @@
 # Downloaded archives are read in place: indexed once each (index_archive), then every
 # prepare_roi job decompresses only its own members.
 
+from vcloud.data.s2files import prepare_flags
+
 
 rule synth_raw:
     output:
@@ -90,11 +92,12 @@ rule prepare_roi:
         s1_window=(
             f"--s1-max-days {DATA['s1_max_days']}" if "s1_max_days" in DATA else ""
         ),
+        s2=prepare_flags(DATA),
     shell:
         "vcloud prepare {params.raw} --index-dir {params.index_dir} --roi {params.roi}"
         " --out {output.store} --threads {threads} --on-bad-image {params.policy}"
         " --times {params.times} --size {params.size} {params.wind} {params.clouds}"
-        " {params.scl} {params.s1_window} > {log} 2>&1"
+        " {params.scl} {params.s1_window} {params.s2} > {log} 2>&1"
 
 
 rule assemble_split:

@@ -163,3 +163,15 @@ def _boa_offset(path, meta: FileMeta, spec: S2Spec) -> int:
     if spec.boa_offset is not None and spec.boa_offset != offset:
         raise BadInputError(f"{path}: its {why} gives an offset of {offset}, --boa-offset says {spec.boa_offset}")
     return offset
+
+
+def prepare_flags(data: dict) -> str:
+    """`vcloud prepare`'s --bands, --level and --boa-offset from the workflow config's data section
+    (keys bands, product_level, boa_offset; each only when set, so the default command is as it was)."""
+    bands = data.get("bands")
+    flags = {
+        "--bands": ",".join(bands) if isinstance(bands, (list, tuple)) else bands,
+        "--level": data.get("product_level"),
+        "--boa-offset": data.get("boa_offset"),
+    }
+    return " ".join(f"{flag} {value}" for flag, value in flags.items() if value is not None)
