@@ -193,7 +193,11 @@ rule compare:
         ),
     output:
         comparison=RUN.comparison(),
-        markdown=RUN.comparison("md"),
+        markdown=report(
+            RUN.comparison("md"),
+            caption="../report/compare.rst",
+            category="Experiments",
+        ),
     log:
         "logs/compare/compare.log",
     benchmark:
