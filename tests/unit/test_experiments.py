@@ -49,6 +49,12 @@ def test_experiments_times_seeds_in_table_order_each_with_its_changes():
     assert runs[1].model_set.data == runs[0].model_set.data
 
 
+def test_experiments_without_seeds_keep_the_model_configs_own_seeds():
+    runs = plan(experiments=[{"name": "a"}, {"name": "b", "overrides": {"stage2": {"clear_share": 0.0}}}])
+    assert [(r.prefix, r.seed) for r in runs] == [("/a", None), ("/b", None)]
+    assert runs[0].model_set == load_model_config(SMALL) and runs[1].model_set.stage2.clear_share == 0.0
+
+
 def test_seeds_alone_make_runs_of_the_base_experiment():
     assert [r.prefix for r in plan(seeds=[1, 2])] == ["/base/seed1", "/base/seed2"]
 

@@ -8,7 +8,7 @@ choice and the synthetic data have seeds of their own in the workflow config.
 
 Without either key (the default) there is one run whose files lie where a single run's always
 have (`results/stage<n>/...`); with either, each run's files lie under
-`results/<experiment>/seed<k>/`, and a run's stage, evaluation, fixed protocol or wind cache whose
+`results/<experiment>/seed<k>/` (`results/<experiment>/` with experiments but no seeds), and a run's stage, evaluation, fixed protocol or wind cache whose
 identity an earlier run (table order: experiments, then seeds) already has is read from that
 run's folder instead of being made again (vcloud.workflow.run_paths; docs/workflow.md,
 "Experiments and seeds").
@@ -51,13 +51,9 @@ class Run:
 
     experiment: str
     seed: int | None  # None: the model config's own training seeds (no `seeds:` list)
-    prefix: str  # "" (a single run) or "/<experiment>/seed<k>": results<prefix>/...
+    prefix: str  # "" (a single run), "/<experiment>/seed<k>", or "/<experiment>" without seeds
     changes: dict = field(compare=False)  # model-config changes: the experiment's, then the seed's
     model_set: ModelSetConfig = field(compare=False)
-
-    @property
-    def label(self) -> str:
-        return self.experiment if self.seed is None else f"{self.experiment}/seed{self.seed}"
 
 
 def is_research(config: dict) -> bool:
