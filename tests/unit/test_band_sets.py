@@ -361,3 +361,18 @@ def test_the_workflow_config_reaches_prepare():
         ["prepare", "--raw", "x", "--roi", "ROIs9000/1", "--out", "y", *shlex.split(flags)]
     )
     assert (args.bands, args.level, args.boa_offset) == ("B2,B3,B4,B8", "L2A", -1000)
+
+
+def test_dates_of_one_location_on_different_grids_are_refused(l1c, tmp_path, capsys):
+    from vcloud.data.geotiff import GeoRef
+
+    images, georef = l1c
+    root = _folder(tmp_path / "grid", l1c, L1C, tags=None, offset=0, describe=False, mask=None)
+    moved = GeoRef(georef.epsg, (georef.transform[0] + 320.0, *georef.transform[1:]))  # one tile east
+    _write(root / "S2" / f"T32TQM_{S2_DATES[2]}.tif", images[2], moved)
+    out = tmp_path / "grid.zarr"
+    assert _prepare(root, out) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"vcloud prepare: error: {root / 'S2' / f'T32TQM_{S2_DATES[2]}.tif'}: on another grid")
+    assert err.endswith("every date of a location must be on one grid") and len(err.splitlines()) == 1
+    assert not out.exists()

@@ -250,6 +250,7 @@ def _prepare_location(scan, patch, size, thresholds, wind, problems, spec: MaskS
     dates["s2"] = dates["s1"].copy()
     nan_pixels = np.zeros(times, np.int32)
     georefs: dict[str, GeoRef] = {}  # first georeferenced image of each kind
+    firsts: dict[str, str] = {}  # and its file
     specs = {"s2": (len(s2spec.bands), np.uint16), "s1": (len(S1_BANDS), np.float32)}
     folder = isinstance(scan.sources.get("s2"), FolderSource)
     for t in range(times):
@@ -276,6 +277,12 @@ def _prepare_location(scan, patch, size, thresholds, wind, problems, spec: MaskS
             dates[kind][t] = np.datetime64(name.date, "ns")
             if image_georef != NO_GEOREF:
                 georefs.setdefault(kind, image_georef)
+                firsts.setdefault(kind, path)
+                if folder and kind == "s2" and image_georef != georefs["s2"]:
+                    raise BadInputError(
+                        f"{path}: on another grid ({image_georef.crs} {image_georef.transform}) than {firsts['s2']} "
+                        f"({georefs['s2'].crs} {georefs['s2'].transform}); every date of a location must be on one grid"
+                    )
 
     prob = np.full((times, size, size), np.nan, np.float32)
     cover = np.full(times, np.nan, np.float32)
