@@ -246,6 +246,25 @@ def test_accounting_bills_what_lumi_bills_for_each_jobs_resources(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "a.tsv"), delimiter="\t"))
     assert rows[-1]["gpu_h"] == f"{costs['train_stage1'].gpu_h:.4f}"
     assert "billing.md" in (tmp_path / "a.html").read_text()
-    resources["train_stage1"]["billing"] = {"unit": "euros", "per_hour": 1}
+    assert (rows[0]["billed"], rows[0]["billed_unit"]) == ("8.0000", "core-h")  # prepare_roi
+    assert rows[-1]["billed_unit"] == "mixed" and rows[-1]["billed"] == "4.0000 GPU-h + 8.0000 core-h"
+    resources["train_stage1"]["billing"] = {"unit": "", "per_hour": 1}
     with pytest.raises(BadInputError, match="train_stage1: billing must be"):
         accounting(bench, resources, tsv=tmp_path / "b.tsv", page=tmp_path / "b.html")
+
+
+def test_accounting_bills_in_the_sites_own_unit(tmp_path):
+    """Saga bills GPU and CPU jobs in billing units (weighted_max): the billed column carries
+    them; gpu_h stays GPU-hours of the job's GPUs, and nothing is booked as core-h."""
+    bench = tmp_path / "benchmarks"
+    _bench(bench / "train_stage1", "train_stage1", 7200)  # 2 h
+    _bench(bench / "prepare_roi", "x", 3600)
+    resources = {
+        "train_stage1": {"threads": 6, "gpus": 1, "nodes": 1, "billing": {"unit": "BU-h", "per_hour": 8}},
+        "prepare_roi": {"threads": 8, "gpus": 0, "nodes": 1, "billing": {"unit": "BU-h", "per_hour": 8.2}},
+    }
+    costs = {c.rule: c for c in accounting(bench, resources, tsv=tmp_path / "a.tsv", page=tmp_path / "a.html")}
+    assert costs["train_stage1"].billed == 16 and costs["train_stage1"].gpu_h == 2
+    assert costs["prepare_roi"].billed_core_h == 0 and costs["prepare_roi"].gpu_h == 0
+    rows = list(csv.DictReader(open(tmp_path / "a.tsv"), delimiter="\t"))
+    assert (rows[-1]["billed"], rows[-1]["billed_unit"]) == ("24.2000", "BU-h")  # 16 + 8.2, one unit

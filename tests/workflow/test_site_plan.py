@@ -3,6 +3,7 @@ plans the run on it with the site's partitions, typed GPU GRES and `--nv` on the
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import yaml
 
 from tests.lumi.helpers import stand_in_env
 from tests.workflow.snakemake_run import copy_worktree
+from vcloud.cli import build_parser
 
 pytestmark = pytest.mark.workflow
 
@@ -120,3 +122,11 @@ def test_the_new_site_rehearses_on_its_gpu_partition_with_its_transport(tmp_path
     stage1 = stage1[: stage1.index("\n\n")]
     assert "slurm_partition=gpu" in stage1 and "runtime=12" in stage1
     assert "python3 -m vcloud.runtime.launch --warn-after 150 vcloud train --stage 1" in stage1
+    # The closing summary's command line is one vcloud takes on an NVIDIA site (no MIOpen cache
+    # there: an empty --miopen-cache once left the option without its argument).
+    summary = out[out.index("rule rehearsal_summary:") :]
+    line = next(text for text in summary.splitlines() if text.startswith("Shell command: vcloud rehearsal-summary"))
+    line = line.removeprefix("Shell command: ")
+    argv = shlex.split(line.split(" > ")[0])[1:]
+    assert "--miopen-cache" not in argv
+    build_parser().parse_args(argv)  # exits 2 on a malformed line

@@ -49,10 +49,13 @@ if is_rehearsal():
             transport=lambda wildcards, input: (
                 f"--transport {input.transport}" if "transport" in input.keys() else ""
             ),
-            miopen=lambda wildcards: config["runtime_env"].get(
-                "MIOPEN_USER_DB_PATH", ""
+            # AMD sites only: an empty --miopen-cache '' is no argument at all to the shell.
+            miopen=lambda wildcards: (
+                f"--miopen-cache {shlex.quote(config['runtime_env']['MIOPEN_USER_DB_PATH'])}"
+                if config["runtime_env"].get("MIOPEN_USER_DB_PATH")
+                else ""
             ),
         shell:
             "vcloud rehearsal-summary --results {params.results} --logs logs --config {params.config}"
             " --full-config {params.full} --train-store {input.train} {params.transport}"
-            " --miopen-cache {params.miopen:q} --out {output.summary} > {log} 2>&1"
+            " {params.miopen} --out {output.summary} > {log} 2>&1"

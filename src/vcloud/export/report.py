@@ -159,7 +159,7 @@ class RuleCost:
     assumed: bool = False  # no resources entry: counted with DEFAULT_RESOURCES
     # What the cluster bills per wall hour of one job (entry "billing" of the resources JSON,
     # computed by vcloud.runtime.lumi.billing from the job's actual resources); None locally.
-    billed_unit: str | None = None  # "GPU-h" or "core-h"
+    billed_unit: str | None = None  # the site's unit: "GPU-h" or "core-h" (LUMI), "BU-h" (Sigma2), ...
     billed_per_h: float | None = None
 
     @property
@@ -172,11 +172,18 @@ class RuleCost:
 
     @property
     def gpu_h(self) -> float:
-        """Billed GPU hours on a cluster (LUMI: 0.5 per GCD-hour on small-g); without billing
-        information, GCD-hours (gpus x wall hours)."""
-        if self.billed_unit is None:
-            return self.gpus * self.wall_h
-        return self.billed_per_h * self.wall_h if self.billed_unit == "GPU-h" else 0.0
+        """Billed GPU hours where the site bills GPU hours (LUMI: 0.5 per GCD-hour on small-g);
+        elsewhere, and without billing information, GPU-hours (gpus x wall hours)."""
+        if self.billed_unit == "GPU-h":
+            return self.billed_per_h * self.wall_h
+        if self.billed_unit == "core-h":
+            return 0.0
+        return self.gpus * self.wall_h
+
+    @property
+    def billed(self) -> float | None:
+        """What the site bills for the rule's jobs, in billed_unit; None without a cluster."""
+        return None if self.billed_unit is None else self.billed_per_h * self.wall_h
 
     @property
     def billed_core_h(self) -> float:
@@ -229,8 +236,11 @@ def collect_costs(benchmarks: Path, resources: dict) -> list[RuleCost]:
         found = resources_of(folder.name, resources)
         res = DEFAULT_RESOURCES if found is None else found
         bill = res.get("billing") or {}
-        if bill and (bill.get("unit") not in ("GPU-h", "core-h") or not isinstance(bill.get("per_hour"), (int, float))):
-            raise BadInputError(f"--resources: {folder.name}: billing must be {{unit: GPU-h|core-h, per_hour: number}}")
+        unit, per_hour = bill.get("unit"), bill.get("per_hour")
+        if bill and (not isinstance(unit, str) or not unit or not isinstance(per_hour, (int, float))):
+            raise BadInputError(
+                f"--resources: {folder.name}: billing must be {{unit: the site's unit (GPU-h, core-h, BU-h), per_hour: number}}"
+            )
         costs.append(
             RuleCost(
                 rule=folder.name,
@@ -260,6 +270,8 @@ COLUMNS = [
     "cpu_time_h",
     "gpu_h",
     "billed_core_h",
+    "billed",
+    "billed_unit",
 ]
 
 
@@ -276,6 +288,8 @@ def _row(c: RuleCost) -> list[str]:
         f"{c.cpu_time_s / 3600:.4f}",
         f"{c.gpu_h:.4f}",
         f"{c.billed_core_h:.4f}",
+        "" if c.billed is None else f"{c.billed:.4f}",
+        c.billed_unit or "",
     ]
 
 
@@ -293,7 +307,19 @@ def _totals(name: str, stage: str, costs: list[RuleCost]) -> list[str]:
         f"{sum(c.cpu_time_s for c in costs) / 3600:.4f}",
         f"{sum(c.gpu_h for c in costs):.4f}",
         f"{sum(c.billed_core_h for c in costs):.4f}",
+        *_billed_total(costs),
     ]
+
+
+def _billed_total(costs: list[RuleCost]) -> list[str]:
+    """The billed column of a totals row: one sum where one unit, else each unit's own."""
+    units = sorted({c.billed_unit for c in costs if c.billed_unit})
+    if not units:
+        return ["", ""]
+    sums = {unit: sum(c.billed for c in costs if c.billed_unit == unit) for unit in units}
+    if len(units) == 1:
+        return [f"{sums[units[0]]:.4f}", units[0]]
+    return [" + ".join(f"{value:.4f} {unit}" for unit, value in sums.items()), "mixed"]
 
 
 def accounting(benchmarks: Path, resources: dict, *, tsv: Path, page: Path) -> list[RuleCost]:
@@ -319,6 +345,8 @@ def accounting(benchmarks: Path, resources: dict, *, tsv: Path, page: Path) -> l
         "docs/runjobs/lumi_env/billing.md: small-g/dev-g 0.5 x max(ceil(cores/8), ceil(memory/64 GB), GCDs) "
         "GPU-h per hour, standard-g 4 per node-hour, small max(cores, ceil(memory/2 GB)) core-h per hour); "
         "without a cluster section gpu_h = gpus x nodes x wall hours (0 on the default CPU configuration). "
+        "billed is what the site bills for the rule's jobs in its own unit (billed_unit: LUMI's GPU-h or "
+        "core-h, Sigma2's billing units BU-h, from the site file's billing formula). "
         "Jobs that ran after this table (the accounting itself) are not in it.</p>"
         + note
         + "<h2>per stage</h2>"
