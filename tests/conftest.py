@@ -47,10 +47,12 @@ def pytest_report_header(config):
 
 
 # Under pytest-xdist's `--dist loadgroup` (a plain `pytest`, and .ci/run's run of every tier), the tests
-# that share one of these session fixtures run in one worker, so that it is made once: the
-# cluster, the small pipeline run. Any other test goes with its module (module fixtures, files
-# shared between tests). The groups go out in this order, the rest after them.
-SHARED_FIXTURES = ("slurm_cluster", "pipeline_run")
+# that share one of these fixtures run in one worker, so that it is made once: the cluster, the
+# small pipeline run, the test SLURM's site cluster (tests/slurm/test_site_variants.py; its
+# modules take turns on it, so one worker runs them instead of two waiting on each other). Any
+# other test goes with its module (module fixtures, files shared between tests). The groups go
+# out in this order, the rest after them.
+SHARED_FIXTURES = ("slurm_cluster", "pipeline_run", "variants")
 
 
 def _shared(item) -> int:

@@ -80,8 +80,8 @@ def write_stand_in_image(folder: Path, *, arch: str | None = None) -> Path:
 _PACKAGES: dict[str, Path] = {}  # source digest -> vcloud installed by pip, once per process
 
 
-def installed_package(stamp: str) -> Path:
-    """vcloud as pip installs it from this checkout (its package data, its dist-info, no
+def installed_package(stamp: str, root: Path = REPO) -> Path:
+    """vcloud as pip installs it from this checkout or `root` (its package data, its dist-info, no
     dependencies: those are the image's), built from a copy so that parallel builds never
     share the checkout's build/ folder."""
     if stamp in _PACKAGES and _PACKAGES[stamp].is_dir():
@@ -90,9 +90,9 @@ def installed_package(stamp: str) -> Path:
     atexit.register(shutil.rmtree, work, ignore_errors=True)
     source = work / "source"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    shutil.copytree(REPO / "src", source / "src", ignore=ignore)
+    shutil.copytree(root / "src", source / "src", ignore=ignore)
     for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy2(REPO / name, source / name)
+        shutil.copy2(root / name, source / name)
     target = work / "site"
     command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation"]
     command += ["--no-compile", "--root-user-action=ignore", "--target", str(target), str(source)]
@@ -103,11 +103,12 @@ def installed_package(stamp: str) -> Path:
     return target
 
 
-def build_env_image(folder: Path) -> Path:
+def build_env_image(folder: Path, root: Path = REPO) -> Path:
     """The squashfs environment `vcloud image` makes, reduced to what a job uses: the venv's
     python and `vcloud` at /user-software/venv/bin, vcloud itself in /user-software/site (on
     that python's path), and the stamp of this checkout. Everything else (torch, numpy, zarr,
-    snakemake) is the image's Python's, as the CSC image carries its packages."""
+    snakemake) is the image's Python's, as the CSC image carries its packages. `root`: the
+    checkout it is built from and stamped with (a test's copy of the working tree)."""
     from vcloud.runtime.image import MOUNT, STAMP, version_stamp
 
     require_stand_in()
@@ -117,8 +118,8 @@ def build_env_image(folder: Path) -> Path:
     env = folder / "env-build"
     venv_bin = env / "venv" / "bin"
     venv_bin.mkdir(parents=True)
-    stamp = version_stamp(REPO)
-    shutil.copytree(installed_package(stamp), env / "site", symlinks=True)
+    stamp = version_stamp(root)
+    shutil.copytree(installed_package(stamp, root), env / "site", symlinks=True)
     # Wrappers, not symlinks: this interpreter must start under its own path to find its
     # environment (a venv's pyvenv.cfg sits beside the path it is started by). The site folder
     # comes first on its path, before any PYTHONPATH of the caller's.

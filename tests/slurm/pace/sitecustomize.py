@@ -5,8 +5,8 @@ while the resumed job and the uninterrupted reference run at full speed.
 Python imports `sitecustomize` at start-up from PYTHONPATH; the test puts a copy of this folder
 there (under a bind, so the container stand-in sees it) and sets VCLOUD_TEST_PACE_STEP_S. With
 that set, a `vcloud train ... --out DIR` process (the word after the program is `train`) that finds no DIR/latest.pt at start sleeps
-that many seconds after every optimizer step (with VCLOUD_TEST_PACE_ONLY=NAME, only when DIR is
-named NAME). Sleeping changes no number: the weights stay
+that many seconds after every optimizer step (with VCLOUD_TEST_PACE_ONLY=NAME[,NAME...], only when DIR is
+named so). Sleeping changes no number: the weights stay
 those of an unpaced run. Anything else (snakemake, the resumed job, no variable) is untouched.
 """
 
@@ -30,7 +30,7 @@ def _pace() -> None:
     out = _out_dir(argv)
     if seconds <= 0 or argv[1:2] != ["train"] or out is None or (out / "latest.pt").exists():
         return
-    if os.environ.get("VCLOUD_TEST_PACE_ONLY", out.name) != out.name:  # e.g. only "stage1"
+    if out.name not in os.environ.get("VCLOUD_TEST_PACE_ONLY", out.name).split(","):  # e.g. "stage1,stage2"
         return
     import time
 
