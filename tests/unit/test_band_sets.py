@@ -113,6 +113,25 @@ def test_an_old_baseline_has_no_offset(l1c, tmp_path):
     )
 
 
+def test_level_1c_from_baseline_04_00_has_its_radio_offset_removed(l1c, tmp_path):
+    """L1C since 25 January 2022 is DN = 10000 x reflectance + 1000 (RADIO_ADD_OFFSET -1000):
+    taken as it is, every pixel would read 0.1 brighter, s2cloudless and the models included."""
+    from vcloud.data.store import open_store
+
+    images, _ = l1c
+    for name, tags in (
+        ("offset", {"PRODUCT_TYPE": "S2MSI1C", "RADIO_ADD_OFFSET": "-1000"}),
+        ("baseline", {"PRODUCT_TYPE": "S2MSI1C", "PROCESSING_BASELINE": "05.10"}),
+    ):
+        root = _folder(tmp_path / name, l1c, L1C, tags=tags, mask=None)
+        assert _prepare(root, tmp_path / f"{name}.zarr") == 0, name
+        np.testing.assert_array_equal(open_store(tmp_path / f"{name}.zarr")["s2"].values[0, 2], images[2])
+    # no metadata (the dataset's files, and any before 2022): as they are
+    root = _folder(tmp_path / "plain", l1c, L1C, describe=False, offset=0, mask=None)
+    assert _prepare(root, tmp_path / "plain.zarr") == 0
+    np.testing.assert_array_equal(open_store(tmp_path / "plain.zarr")["s2"].values[0, 2], images[2])
+
+
 def _case(bands, *, flags, tags=BASELINE_05, describe=True, mask="SCL", offset=1000):
     return {"bands": bands, "flags": flags, "tags": tags, "describe": describe, "mask": mask, "offset": offset}
 

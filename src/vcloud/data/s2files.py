@@ -11,6 +11,9 @@ presets l1c, l2a, 10m_20m or a list); each file's GDAL metadata, where it has so
   else is --boa-offset, which is then required: a series across 2022 mixes both, and a wrong
   offset is a 10 % error on every pixel. The store holds reflectance x 10000 with the offset
   applied (DN + offset, clipped at 0), as an L1C store holds it.
+- Level-1C carries the same offset from the same baseline on as RADIO_ADD_OFFSET; it is applied
+  where a file's metadata give it or its PROCESSING_BASELINE. An L1C file without either is
+  taken as it is (offset 0: the dataset's and every file before 2022).
 
 s2cloudless needs the 13 L1C bands at top of atmosphere: it runs only for --bands l1c --level
 L1C; any other band set or level needs the mask to come with the data (SCL/ or MASK/).
@@ -30,7 +33,7 @@ from vcloud.constants import S2_BANDS
 from vcloud.errors import BadInputError
 
 TAG_GDAL_METADATA = 42112
-NEW_BASELINE = 4.0  # processing baseline from which Level-2A carries BOA_ADD_OFFSET -1000
+NEW_BASELINE = 4.0  # processing baseline from which L2A carries BOA_ADD_OFFSET -1000, L1C RADIO_ADD_OFFSET -1000
 NEW_BASELINE_OFFSET = -1000
 _BAND = re.compile(r"^B0?(\d{1,2}A?)$", re.IGNORECASE)
 _LEVELS = {"LEVEL-1C": "L1C", "LEVEL-2A": "L2A", "S2MSI1C": "L1C", "S2MSI2A": "L2A", "L1C": "L1C", "L2A": "L2A"}
@@ -121,8 +124,11 @@ def check_s2_file(path, data: np.ndarray, spec: S2Spec, meta: FileMeta) -> tuple
     if said is not None and said != spec.level:
         raise BadInputError(f"{path}: its metadata say {said}, declared {spec.level}; prepare with --level {said}")
     if spec.level != "L2A":
-        return data, None
-    offset = _boa_offset(path, meta, spec)
+        offset = _add_offset(path, meta, spec, "RADIO_ADD_OFFSET")
+        if offset:
+            data = np.clip(data.astype(np.int32) + offset, 0, None).astype(np.uint16)
+        return data, offset or None
+    offset = _add_offset(path, meta, spec, "BOA_ADD_OFFSET")
     if offset:
         data = np.clip(data.astype(np.int32) + offset, 0, None).astype(np.uint16)
     return data, offset
@@ -136,23 +142,26 @@ def _level(meta: FileMeta) -> str | None:
     return None
 
 
-def _boa_offset(path, meta: FileMeta, spec: S2Spec) -> int:
-    found = {v["BOA_ADD_OFFSET"] for v in meta.band_items.values() if "BOA_ADD_OFFSET" in v}
-    if "BOA_ADD_OFFSET" in meta.items:
-        found.add(meta.items["BOA_ADD_OFFSET"])
+def _add_offset(path, meta: FileMeta, spec: S2Spec, key: str) -> int:
+    """The file's offset under `key` (BOA_ADD_OFFSET of Level-2A, RADIO_ADD_OFFSET of Level-1C),
+    else by its processing baseline; for Level-2A else --boa-offset, else refused; for Level-1C
+    without either, 0."""
+    found = {v[key] for v in meta.band_items.values() if key in v}
+    if key in meta.items:
+        found.add(meta.items[key])
     try:
         offsets = {int(float(v)) for v in found}
         baseline = float(meta.items["PROCESSING_BASELINE"]) if "PROCESSING_BASELINE" in meta.items else None
     except ValueError as err:
-        raise BadInputError(
-            f"{path}: unreadable BOA_ADD_OFFSET or PROCESSING_BASELINE in its metadata ({err})"
-        ) from None
+        raise BadInputError(f"{path}: unreadable {key} or PROCESSING_BASELINE in its metadata ({err})") from None
     if len(offsets) > 1:
-        raise BadInputError(f"{path}: BOA_ADD_OFFSET differs between bands ({sorted(offsets)}); vcloud takes one")
+        raise BadInputError(f"{path}: {key} differs between bands ({sorted(offsets)}); vcloud takes one")
     if offsets:
-        offset, why = offsets.pop(), "BOA_ADD_OFFSET"
+        offset, why = offsets.pop(), key
     elif baseline is not None:
         offset, why = (NEW_BASELINE_OFFSET if baseline >= NEW_BASELINE else 0), f"processing baseline {baseline:05.2f}"
+    elif spec.level != "L2A":
+        return 0
     elif spec.boa_offset is not None:
         return spec.boa_offset
     else:
