@@ -178,6 +178,15 @@ def configfiles(snakemake_args: list[str]) -> list[str]:
     return files
 
 
+def record_controller(workdir: Path, sbatch_out: str, script_path: Path, *, after: str | None = None) -> str:
+    """logs/controller/controller.json: the run's current controller (sbatch --parsable's job id);
+    returns the id."""
+    job_id = sbatch_out.strip().split(";")[0]
+    state = {"job": job_id, "script": str(script_path)} | ({"after": after} if after else {})
+    atomic_write_text(workdir / STATE, json.dumps(state) + "\n")
+    return job_id
+
+
 # --- the login-node side -----------------------------------------------------------------------
 
 
@@ -211,8 +220,7 @@ def submit(*, profile: Path, workdir: Path, snakemake_args: list[str], runtime: 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, text)
     out = _run(["sbatch", "--parsable", str(path)])
-    job_id = out.strip().split(";")[0]
-    atomic_write_text(workdir / STATE, json.dumps({"job": job_id, "script": str(path)}) + "\n")
+    job_id = record_controller(workdir, out, path)
     lines.append(f"controller: job {job_id} on {job.partition} for {job.runtime} min, resubmitting itself ({path})")
     return lines
 
@@ -269,8 +277,7 @@ class Controller:
         out = _run(["sbatch", "--parsable", dependency, str(self.script_path)], check=False)
         print(f"controller: wall time ends soon; next controller {out.strip() or '(not submitted)'}", flush=True)
         if out.strip():  # where `vcloud submit` wrote the first one's: the controller of this run now
-            state = {"job": out.strip().split(";")[0], "script": str(self.script_path), "after": self.job_id}
-            atomic_write_text(workdir / STATE, json.dumps(state) + "\n")
+            record_controller(workdir, out, self.script_path, after=self.job_id)
         ours = leftovers(queued_jobs(workdir), prefix=self.prefix, own_job=self.job_id)
         running = [j["id"] for j in ours if j["state"] == "RUNNING"]
         if running:  # training saves latest.pt at the next step boundary and exits 3
