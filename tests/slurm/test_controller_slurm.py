@@ -36,6 +36,7 @@ import pytest
 import yaml
 
 from tests.lumi.helpers import REPO, STAND_IN, exec_calls, require_stand_in, write_stand_in_image
+from tests.slurm.polling import fast_polling
 from tests.slurm.test_site_variants import SITE_CONF, variants  # noqa: F401 - the site cluster fixture
 from tests.workflow.snakemake_run import copy_worktree
 from vcloud.runtime.controller import JOB_NAME, STATE
@@ -150,6 +151,7 @@ def test_controller_warned_then_cancelled_then_resubmitted_finishes_the_saga_reh
         VCLOUD_TEST_PACE_STEP_S="1",
         VCLOUD_TEST_PACE_ONLY=",".join(EPOCHS),
     )
+    fast_polling(env, pace)
     args = ["--configfile", "config/saga.yaml", "config/rehearsal.yaml", "test.yaml"]
     args += ["--slurm-init-seconds-before-status-checks", "5", "--seconds-between-status-checks", "3"]
     submit = ["vcloud", "submit", "--profile", "profiles/saga", "--runtime", "60", "--", *args]

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from tests.lumi.helpers import REPO, require_stand_in, stand_in_env, write_overlay
+from tests.slurm.polling import fast_polling
 from tests.slurm.test_slurm import FAST, sacct, slurm_cluster  # noqa: F401 - the cluster fixture
 
 pytestmark = [pytest.mark.slurm, pytest.mark.container, pytest.mark.workflow]
@@ -51,6 +52,7 @@ def test_rehearsal_runs_every_rule_resumes_after_the_forced_warning_and_passes(s
     env = stand_in_env(tmp_path)
     pace = shutil.copytree(REPO / "tests/slurm/pace", tmp_path / "pace")  # under the bind
     env.update(PYTHONPATH=str(pace), VCLOUD_TEST_PACE_STEP_S="1", VCLOUD_TEST_PACE_ONLY="stage1")
+    fast_polling(env, pace)
     command = [
         sys.executable,
         "-m",

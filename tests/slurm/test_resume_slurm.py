@@ -19,6 +19,7 @@ import torch
 import yaml
 
 from tests.lumi.helpers import TEST_ACCOUNT
+from tests.slurm.polling import fast_polling
 from tests.slurm.test_slurm import FAST, SLURM_CONFIG, sacct, slurm_cluster  # noqa: F401 (fixture)
 from tests.workflow.snakemake_run import ROOT, SMALL, SNAKEMAKE
 from tests.workflow.test_resume_snakemake import TARGET, models_config, rows, write_shim
@@ -39,6 +40,7 @@ def test_killed_train_stage1_job_is_resubmitted_and_resumes(slurm_cluster, tmp_p
         PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
         KILL=str(tmp_path / "kill"),
     )
+    fast_polling(env)
     common = ["-d", str(work), "--configfile", "resume.yaml"]
 
     local = subprocess.run(

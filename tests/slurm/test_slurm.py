@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -28,6 +29,7 @@ from tests.lumi.helpers import (
     stand_in_env,
     write_overlay,
 )
+from tests.slurm.polling import fast_polling
 from tests.system import unavailable
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
@@ -127,6 +129,7 @@ def slurm_run(slurm_cluster, tmp_path_factory):
             *FAST,
         ],
         cwd=work,
+        env=fast_polling(dict(os.environ)),
         capture_output=True,
         text=True,
         timeout=1500,
@@ -257,7 +260,7 @@ def test_lumi_profile_submits_through_slurm_into_the_image(slurm_cluster, tmp_pa
     container.mkdir()
     binds = [str(lumi / "pfs"), str(lumi / "scratch" / TEST_ACCOUNT), str(container)]
     overlay, cluster = write_overlay(container, binds=binds)
-    env = stand_in_env(tmp_path)
+    env = fast_polling(stand_in_env(tmp_path))
     proc = subprocess.run(
         [
             *SNAKEMAKE,
@@ -355,6 +358,7 @@ def test_wall_time_warning_checkpoints_and_snakemake_resubmits_until_done(slurm_
     pace = shutil.copytree(REPO / "tests/slurm/pace", tmp_path / "pace")  # under the bind
     env["PYTHONPATH"] = f"{pace}:{REPO / 'src'}"
     env["VCLOUD_TEST_PACE_STEP_S"] = str(PACE_S)
+    fast_polling(env, pace)
     base = [
         *SNAKEMAKE,
         "--profile",
