@@ -1,4 +1,4 @@
-"""The training commands: one stage, and the stage-1 model's memory estimate."""
+"""The training commands: one stage, and the memory estimate of a stage's training."""
 
 from __future__ import annotations
 
@@ -75,13 +75,20 @@ def run_run_config(args: argparse.Namespace) -> None:
 
 
 def add_memory(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("memory", help="memory estimate per component of the stage-1 model")
+    p = sub.add_parser("memory", help="memory estimate per component of a stage's training (default: stage 1)")
     p.add_argument("--config", type=Path, required=True, help="config/models/*.yaml")
+    p.add_argument(
+        "--stage",
+        type=int,
+        choices=STAGE_NUMBERS,
+        default=1,
+        help="the stage whose training is estimated (default 1: the CFDT, each optimisation on and off)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     p.set_defaults(func=run_memory)
 
 
 def run_memory(args: argparse.Namespace) -> None:
-    from vcloud.models.memory import main as memory_main
+    from vcloud.runtime.stage_memory import main as memory_main
 
-    print(memory_main(args.config, args.json))
+    print(memory_main(args.config, args.json, stage=args.stage))

@@ -22,7 +22,9 @@ Rows (bytes; GB = 1e9 bytes):
   working set       peak of everything else alive at one time: forward temporaries, and in
                     backward the activation gradients and recomputed checkpoint segments
   total             the sum of the rows, an upper bound of `peak_bytes` (a replay of the
-                    allocation trace: backward frees activations as it makes gradients)
+                    allocation trace: backward frees activations as it makes gradients; the
+                    forward pass runs beside the previous step's gradients, which the trainer
+                    sets to None only before backward)
 
 `saved_for_backward_bytes` is measured separately with saved_tensors_hooks (unique
 storages, parameters excluded), the same way a test measures a real CPU step.
@@ -162,17 +164,6 @@ class _AllocationTrace:
         return self.live.get(id(t.untyped_storage()))
 
 
-def _component_hooks(model: nn.Module, stack: list[str]) -> list:
-    handles = []
-    for attribute, name in COMPONENTS.items():
-        module = getattr(model, attribute, None)
-        if module is None:
-            continue
-        handles.append(module.register_forward_pre_hook(lambda m, a, name=name: _push(stack, name)))
-        handles.append(module.register_forward_hook(lambda m, a, o: _pop(stack)))
-    return handles
-
-
 def _push(stack: list[str], name: str) -> None:
     stack.append(name)
 
@@ -198,6 +189,47 @@ def profile_step(
     `model.optimisations` says which optimisations are on; bf16 means autocast.
     """
     given = [t for t in (x, days, target_index, target) if t is not None]
+    device = next(model.parameters()).device
+
+    def step():
+        batch = (x, days, target_index, target)
+        if shape is not None:
+            b, t, size = shape
+            batch = (
+                torch.rand(b, t, model.in_channels, size, size, device=device),
+                torch.linspace(-150.0, 150.0, t, device=device).expand(b, t).contiguous(),
+                torch.full((b,), t // 2, dtype=torch.long, device=device),
+                torch.rand(b, model.out_channels, size, size, device=device),
+            )
+        draft = model(*batch[:3])
+        return F.l1_loss(draft.float(), batch[3]), batch
+
+    return trace_step(model, step, bf16=bf16, components=cfdt_components(model), given=given)
+
+
+def cfdt_components(model: nn.Module) -> dict[nn.Module, str]:
+    """The CFDT's parts (COMPONENTS) that own what they allocate: module -> component name."""
+    return {getattr(model, a): name for a, name in COMPONENTS.items() if getattr(model, a, None) is not None}
+
+
+def trace_step(
+    model: nn.Module,
+    step,
+    *,
+    bf16: bool,
+    components: dict[nn.Module, str],
+    given: list[torch.Tensor] = (),
+    backward: bool = True,
+) -> dict:
+    """Trace `step()` on `model` and account its memory (see `_account`).
+
+    `step()` runs inside autocast (bf16) and returns (loss, batch): the batch is held until
+    the step ends, as the trainer holds it; what it makes is counted as batch and loss. With
+    `backward`, loss.backward() follows and the trainable parameters' gradients are counted;
+    without (a phase that only samples), the trace ends where `step` returns. `components`:
+    modules whose forward owns what it allocates (others: batch and loss); `given`: tensors
+    made before the step (not counted).
+    """
     existing = [*model.parameters(), *model.buffers(), *given]  # not allocated by the step
     params = {id(p.untyped_storage()) for p in model.parameters()}
     for p in model.parameters():
@@ -211,26 +243,22 @@ def profile_step(
             saved[id(storage)] = (storage.nbytes(), trace.component[-1], t.dtype)
         return t
 
-    handles = _component_hooks(model, trace.component)
+    handles = []
+    for module, name in components.items():
+        handles.append(module.register_forward_pre_hook(lambda m, a, name=name: _push(trace.component, name)))
+        handles.append(module.register_forward_hook(lambda m, a, o: _pop(trace.component)))
     device = next(model.parameters()).device
     try:
         with trace.mode:
             trace.component.append(GLUE)
-            if shape is not None:
-                b, t, size = shape
-                x = torch.rand(b, t, model.in_channels, size, size, device=device)
-                days = torch.linspace(-150.0, 150.0, t, device=device).expand(b, t).contiguous()
-                target_index = torch.full((b,), t // 2, dtype=torch.long, device=device)
-                target = torch.rand(b, model.out_channels, size, size, device=device)
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
-                    draft = model(x, days, target_index)
-                    loss = F.l1_loss(draft.float(), target)
-            del draft
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                    loss, batch = step()
             trace.mark()
-            trace.component.append("backward")
-            loss.backward()
-            del loss
+            if backward:
+                trace.component.append("backward")
+                loss.backward()
+            del loss, batch
             grads = {trace.key_of(p.grad) for p in model.parameters() if p.grad is not None}
     finally:
         for handle in handles:
@@ -267,7 +295,7 @@ def _account(events: list[tuple], grads: set[int]) -> dict:
             kept_total += nbytes
             kept_bf16 += nbytes if dtype == torch.bfloat16 else 0
 
-    live = working = peak = forward_ws = backward_ws = 0
+    live = working = forward_peak = backward_peak = forward_ws = backward_ws = 0
     for index, event in enumerate(events):
         if event[0] == "mark":
             continue
@@ -282,18 +310,22 @@ def _account(events: list[tuple], grads: set[int]) -> dict:
             nbytes = info[key][0]
             live -= nbytes
             working -= nbytes if key not in kept and key not in grads else 0
-        peak = max(peak, live)
         if index < boundary:
+            forward_peak = max(forward_peak, live)
             forward_ws = max(forward_ws, working)
         else:
+            backward_peak = max(backward_peak, live)
             backward_ws = max(backward_ws, working)
+    # The trainer sets the gradients to None after the forward pass, just before backward: in
+    # a step after the first, the forward pass runs beside the previous step's gradients.
+    gradient_bytes = sum(info[k][0] for k in grads)
     return {
         "kept_by_component": kept_by_component,
         "kept_bf16_fraction": kept_bf16 / max(1, kept_total),
-        "gradient_bytes_traced": sum(info[k][0] for k in grads),
+        "gradient_bytes_traced": gradient_bytes,
         "forward_working_set_bytes": forward_ws,
         "backward_working_set_bytes": backward_ws,
-        "peak_live_bytes": peak,
+        "peak_live_bytes": max(forward_peak + gradient_bytes, backward_peak),
     }
 
 
@@ -388,6 +420,24 @@ def estimate(
         "scenarios": results,
         "seconds": round(time.perf_counter() - started, 2),
     }
+
+
+def estimate_configured(cfg, *, dates: int | None = None, size: int = 256, batch: int | None = None) -> dict:
+    """`estimate`'s configured scenario alone (one trace, not three): what the doctor checks."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from vcloud.models.build import build_cfdt
+
+    dates = dates or cfg.data.input_dates
+    batch = batch or cfg.stage1.train.batch_size
+    n = parameter_counts(cfg)["cfdt_params"]
+    bf16, optimisations = scenarios(cfg.stage1)["configured"]
+    with FakeTensorMode():
+        model = build_cfdt(cfg)
+        model.optimisations = optimisations
+        profile = profile_step(model, bf16=bf16, shape=(batch, dates, size))
+    fixed = {"parameters": 4 * n, "gradients": 4 * n, "optimizer_states": 8 * n}
+    return _scenario(fixed, bf16, optimisations, profile)
 
 
 def _scenario(fixed: dict[str, int], bf16: bool, optimisations, profile: dict) -> dict:

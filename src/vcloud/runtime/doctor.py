@@ -3,8 +3,8 @@
 Every failure the LUMI field reports describe that can be seen before a job starts is
 checked here: `--rocm` in the container arguments, a missing bind or containlib, the
 placeholder account, a runtime or GPU request the partition refuses (or bills for nothing),
-the stage-1 memory estimate above one GCD, a distributed stage that would compute the wind
-scan orders itself. The same checks run at workflow start on the lumi profile (the Snakefile's
+a stage whose training memory estimate exceeds the GPU it runs on, a distributed stage that
+would compute the wind scan orders itself. The same checks run at workflow start on the lumi profile (the Snakefile's
 `onstart`), so a bad setting stops `snakemake --profile lumi` before anything is submitted;
 a dry run prints them as warnings.
 """
@@ -427,34 +427,84 @@ def stage_gpus(config: dict, cluster: Cluster, overrides: dict | None = None) ->
     return found
 
 
+PHASE_WORDS = {"step": "step", "validate": "validation", "teacher": "teacher's pseudo-labelling"}
+
+
 def check_memory(
-    model_set, cluster: Cluster, report: Report, *, estimate=None, partitions: list[str] | None = None
+    model_set,
+    cluster: Cluster,
+    report: Report,
+    *,
+    estimate=None,
+    estimates: dict | None = None,
+    partitions: dict[str, str] | list[str] | None = None,
 ) -> None:
-    """The stage-1 step estimate (fake tensors, ~10 s) against one GPU of each partition the
-    stage rules use (default: the site's GPU placement)."""
+    """Each stage's training estimate (runtime.stage_memory: fake tensors, seconds a stage)
+    against one GPU of the partition its training runs on; one error line per stage that
+    does not fit, naming the estimate, the GPU and the fix.
+
+    partitions: {stage name: partition} (preflight: where each train_stage<n> runs on a GPU),
+    or partitions every stage is checked against (default: the site's GPU placement).
+    estimates: {stage name: estimate_stage's result, or GB} instead of estimating; estimate:
+    stage 1's alone (models.memory.estimate's result), and only stage 1 is checked."""
     try:
-        from vcloud.models.memory import estimate as run_estimate
+        from vcloud.runtime.stage_memory import estimate_stage
     except ImportError:  # torch is not on a LUMI login node
         report.warnings.append(
             "memory: not estimated (torch is not importable here); run "
             "`singularity exec <image> vcloud doctor` to check it"
         )
         return
-    result = estimate or run_estimate(model_set)
-    gb = result["cfdt_gb_configured"]
-    for name in partitions or [cluster.placement.get("gpu", "small-g")]:
-        gpu = cluster.gpu_of(name)
+    if estimate is not None:
+        estimates = {"stage1": estimate["cfdt_gb_configured"]}
+    if not isinstance(partitions, dict):
+        every = partitions or [cluster.placement.get("gpu", "small-g")]
+        names = estimates or [stage.name for stage in STAGES]
+        placement = [(name, partition) for name in names for partition in every]
+    else:
+        placement = sorted(partitions.items())
+    done: dict[str, dict] = {}
+    for name, partition in placement:
+        gpu = cluster.gpu_of(partition)
         if gpu is None:
             continue
+        if name not in done:
+            found = (estimates or {}).get(name)
+            if found is None and estimates is None:
+                found = estimate_stage(model_set, int(name.removeprefix("stage")), every=False)
+            if found is None:
+                continue
+            done[name] = found if isinstance(found, dict) else {"gb_configured": found, "largest_phase": "step"}
+        gb, phase = done[name]["gb_configured"], done[name]["largest_phase"]
+        what = "" if phase == "step" else f", its {PHASE_WORDS[phase]}"
         report.lines.append(
-            f"stage-1 memory estimate: {gb:.1f} GB per GPU (limit {gpu.memory_gb:g} GB: {name}'s {gpu.model})"
+            f"{name.replace('stage', 'stage-')} memory estimate: {gb:.1f} GB per GPU{what} "
+            f"(limit {gpu.memory_gb:g} GB: {partition}'s {gpu.model})"
         )
         if gb > gpu.memory_gb:
             report.errors.append(
-                f"memory: the stage-1 step needs about {gb:.1f} GB, more than the "
-                f"{gpu.memory_gb:g} GB of one {gpu.model} on {name}; turn on the memory "
-                "optimisations or lower the batch size in the model config"
+                f"memory: the {name.replace('stage', 'stage-')} {PHASE_WORDS[phase]} needs about {gb:.1f} GB, more "
+                f"than the {gpu.memory_gb:g} GB of one {gpu.model} on {partition}; {memory_fix(model_set, name, phase)}"
             )
+
+
+def memory_fix(model_set, name: str, phase: str) -> str:
+    """What lowers a stage's memory: the optimisations of its phase that are off, a smaller batch."""
+    from vcloud.runtime.stage_memory import STAGE_OPTIMISATIONS
+
+    number = int(name.removeprefix("stage"))
+    section = getattr(model_set, name)
+    batch = f"{name}.train.batch_size (now {section.train.batch_size})"
+    if phase == "teacher":
+        seeds = section.self_training.sampler_seeds
+        return f"lower {batch} or {name}.self_training.sampler_seeds (now {seeds}) in the model config"
+    on = {k: v not in (False, None) for k, v in vars(model_set.stage1.model.optimisations).items()}
+    on["bf16"] = section.train.bf16
+    keys = {k: f"stage1.model.optimisations.{k}" for k in on} | {"bf16": f"{name}.train.bf16"}
+    off = [keys[k] for k in STAGE_OPTIMISATIONS[number] if not on[k]]
+    also = f" or stage2.model.ensemble (now {model_set.stage2.model.ensemble})" if phase == "validate" else ""
+    turn_on = f"turn on {', '.join(off)} or " if off else ""
+    return f"{turn_on}lower {batch}{also} in the model config (`vcloud memory --stage {number}`)"
 
 
 def check_precision(model_set, cluster: Cluster, partitions: dict[str, list[str]], report: Report) -> None:
@@ -542,8 +592,9 @@ def preflight(
     check_wind(config, model_set, train_inputs, report, overrides)
     gpus = stage_gpus(config, cluster, overrides)
     check_precision(model_set, cluster, gpus, report)
-    if memory:
-        check_memory(model_set, cluster, report, partitions=sorted(gpus) or None)
+    if memory:  # each stage against the GPU its training runs on
+        placement = {s.name: p for p, rules in gpus.items() for s in STAGES if s.train_rule in rules}
+        check_memory(model_set, cluster, report, partitions=placement or None)
     check_resubmission(config, model_set, cluster, report, overrides, epoch_minutes)
     bills = billed_hours(config, cluster, report, overrides, model_set=model_set, epoch_minutes=epoch_minutes)
     check_site(config, cluster, report, overrides, bills=bills, cwd=cwd)
