@@ -9,9 +9,15 @@ date (target or input) has no S1 its S1 is zeros (the missing-image value once n
 the batch carries `s1_valid` (B, T) and `target_s1_valid` (B,), as evaluation's batches do; the
 manifest says whether the target's S1 was present.
 
+A scene cut into overlapping patches (data/scenes.py: a plain folder's image larger than a patch)
+is one output per date: its patches are jobs of that output, planned together. A date is a target
+when any patch's cover exceeds `min_cover`; the input dates are chosen once for the scene, by its
+patches' mean cover, so every patch is made from the same dates (apply/blend.py blends them).
+
 A batch is a fixed slice of the plan (the plan's order is the store's location order, then
-time): a rerun forms the same batches, so the noise of the diffusion draws and every float
-operation are the same and a redone output is bit-identical to the first run's.
+time; a cut scene's: by date, then its patches row by row): a rerun forms the same batches, so
+the noise of the diffusion draws and every float operation are the same and a redone output is
+bit-identical to the first run's.
 """
 
 from __future__ import annotations
@@ -42,11 +48,14 @@ class Job:
     slot: int  # the target's place in `inputs`
     cloud_cover: float
     s1_missing: bool
+    scene: int = -1  # index into scenes(); -1: the location is its own output
+    window: tuple[int, int] = (0, 0)  # (row, column) of the patch in its scene
+    last: bool = True  # the last patch of its output
 
     def describe(self, reader: ShardReader) -> dict:
         """The manifest's record of what the output was made from."""
         dates = [date_text(reader.date_s2[self.location, t]) for t in self.inputs]
-        return {
+        record = {
             "location": self.location_id,
             "roi": self.roi,
             "date": self.date,
@@ -55,6 +64,57 @@ class Job:
             "input_dates": dates,
             "s1": "missing: zeros (the store's missing-image value)" if self.s1_missing else "present",
         }
+        if self.scene >= 0:
+            record["patches"] = "blended: the scene's overlapping patches (apply/blend.py)"
+        return record
+
+
+@dataclass(frozen=True)
+class Scene:
+    """One output grid: a store location, or a plain folder's scene cut into patches."""
+
+    name: str  # the outputs' stem before the date: the location id, or <ROIs>_<roi>_s<scene>
+    roi: str
+    crs: str
+    transform: tuple[float, ...]  # GDAL geotransform of the whole scene
+    height: int
+    width: int
+    locations: tuple[int, ...]  # its patches' store indices, row by row
+    windows: tuple[tuple[int, int], ...]  # their (row, column) in the scene
+    cut: bool  # blended from patches (False: one location, written as it is)
+
+
+def scenes(reader: ShardReader, rois: list[str]) -> list[Scene]:
+    """The store's output grids in store order: each location, or each cut scene's patches together."""
+    geo = georefs(reader)
+    size = reader.shape[2]
+    if reader.window is None:
+        return [
+            Scene(reader.locations[i], rois[i], g.crs, g.transform, size, size, (i,), ((0, 0),), False)
+            for i, g in enumerate(geo)
+        ]
+    groups: dict[tuple[str, int], list[int]] = {}
+    for i in range(len(reader)):
+        groups.setdefault((rois[i], int(reader.scene[i])), []).append(i)
+    out = []
+    for (roi, index), members in groups.items():
+        members.sort(key=lambda i: (int(reader.window[i][0]), int(reader.window[i][1])))
+        first = members[0]
+        height, width = (int(v) for v in reader.scene_shape[first])
+        out.append(
+            Scene(
+                name=f"{roi}_s{index}",
+                roi=roi,
+                crs=geo[first].crs,
+                transform=tuple(float(v) for v in reader.scene_transform[first]),
+                height=height,
+                width=width,
+                locations=tuple(members),
+                windows=tuple((int(reader.window[i][0]), int(reader.window[i][1])) for i in members),
+                cut=True,
+            )
+        )
+    return out
 
 
 @dataclass(frozen=True)
@@ -110,30 +170,39 @@ def plan_jobs(
         targets = valid_s2 & (cover > min_cover)
     days = reader.date_s2.astype("datetime64[D]").astype(np.int64)
     jobs, names = [], set()
-    for location, t in np.argwhere(targets):
-        location, t = int(location), int(t)
-        others = [o for o in np.flatnonzero(valid_s2[location]).tolist() if o != t]
-        others.sort(key=lambda o: (cover[location, o], abs(days[location, o] - days[location, t]), o))
-        chosen = (others * input_dates)[: input_dates - 1] if others else [t] * (input_dates - 1)
-        inputs = sorted([t, *chosen])
-        name = f"{reader.locations[location]}_{stored[location, t]}"
-        if name in names:  # two images of one location on one day: keep both, apart
-            name = f"{name}_t{t}"
-        names.add(name)
-        jobs.append(
-            Job(
-                name=name,
-                location=location,
-                location_id=reader.locations[location],
-                roi=rois[location],
-                time=t,
-                date=stored[location, t],
-                inputs=tuple(inputs),
-                slot=inputs.index(t),
-                cloud_cover=float(reader.cloud_cover[location, t]),
-                s1_missing=not bool(reader.valid_s1[location, t]),
-            )
-        )
+    for number, scene in enumerate(scenes(reader, rois)):
+        locs = list(scene.locations)
+        first = locs[0]
+        valid = valid_s2[locs].all(axis=0)  # the patches of one scene share their dates
+        scene_cover = cover[locs].mean(axis=0)
+        wanted = targets[locs].any(axis=0) & valid
+        for t in np.flatnonzero(wanted).tolist():
+            others = [o for o in np.flatnonzero(valid).tolist() if o != t]
+            others.sort(key=lambda o: (scene_cover[o], abs(days[first, o] - days[first, t]), o))
+            chosen = (others * input_dates)[: input_dates - 1] if others else [t] * (input_dates - 1)
+            inputs = sorted([t, *chosen])
+            name = f"{scene.name}_{stored[first, t]}"
+            if name in names:  # two images of one location on one day: keep both, apart
+                name = f"{name}_t{t}"
+            names.add(name)
+            for k, (location, window) in enumerate(zip(locs, scene.windows)):
+                jobs.append(
+                    Job(
+                        name=name,
+                        location=location,
+                        location_id=scene.name,
+                        roi=rois[location],
+                        time=t,
+                        date=stored[first, t],
+                        inputs=tuple(inputs),
+                        slot=inputs.index(t),
+                        cloud_cover=float(np.mean(reader.cloud_cover[locs, t])),
+                        s1_missing=not bool(reader.valid_s1[locs, t].all()),
+                        scene=number if scene.cut else -1,
+                        window=window,
+                        last=k == len(locs) - 1,
+                    )
+                )
     return jobs
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vcloud.apply.blend import SceneBlender, SceneOut
 from vcloud.apply.geo import sha256_file, write_cog, write_vrt
 from vcloud.apply.manifest import (
     FORMAT,
@@ -45,7 +46,7 @@ from vcloud.apply.manifest import (
     request_id,
     write_manifest,
 )
-from vcloud.apply.plan import batches, georefs, parse_dates, plan_jobs, read_batch, roi_names
+from vcloud.apply.plan import batches, parse_dates, plan_jobs, read_batch, roi_names, scenes
 from vcloud.bands import model_bands
 from vcloud.constants import CLEAR_MAX_COVER, S2_SCALE, S2CLOUDLESS_KWARGS
 from vcloud.data.masks import store_mask_source
@@ -109,7 +110,8 @@ def predict(
         raise ConfigError(f"--clear-pixels {clear_pixels}: expected one of {', '.join(CLEAR_PIXELS)}")
     # Every input checked before anything is written.
     reader = ShardReader(store)  # opened once, handed down: the plan, the georeferencing, the wind check
-    geo, rois = georefs(reader), roi_names(reader)
+    rois = roi_names(reader)
+    grids = scenes(reader, rois)  # the output grids: locations, or cut scenes (apply/blend.py)
     cfg = load_model_config(config_path)
     bands = model_bands(cfg)
     check_bands(store, bands, model=f"the model of {config_path}", have=reader.s2_bands)
@@ -145,8 +147,11 @@ def predict(
     }
     rid = request_id(request)
     previous = read_manifest(out).get("outputs", {}) if out.is_dir() else {}
+    outputs = {job.name: job for job in jobs}  # a cut scene's patches: one output, described by its first
     finished = {
-        job.name for job in jobs if is_finished(previous.get(job.name), out, rid, made_from=job.describe(reader))
+        name
+        for name, job in outputs.items()
+        if is_finished(previous.get(name), out, rid, made_from=job.describe(reader))
     }
     manifest = {
         "format": FORMAT,
@@ -170,13 +175,13 @@ def predict(
             else f"none: {_no_spread(sampled, n_draws)}"
         ),
         "outputs": {
-            job.name: previous[job.name] if job.name in finished else {**job.describe(reader), "status": "pending"}
-            for job in jobs
+            name: previous[name] if name in finished else {**job.describe(reader), "status": "pending"}
+            for name, job in outputs.items()
         },
         "mosaics": {},
         "complete": False,
     }
-    log.info("%d outputs planned on %s, %d already done (request %s)", len(jobs), store, len(finished), rid)
+    log.info("%d outputs planned on %s, %d already done (request %s)", len(outputs), store, len(finished), rid)
     if out.is_dir():
         remove_leftover_temps(out)
         if (out / MOSAICS).is_dir():
@@ -196,70 +201,78 @@ def predict(
         "uncertainty": [f"{b} std" for b in bands],
         "cloud": ["cloud mask (1: cloud)", f"cloud probability x {CLOUD_PROB_SCALE} (255: none)"],
     }
-    for group in tqdm(batches(jobs, batch_size), unit="batch", disable=None):
-        if all(job.name in finished for job in group):
-            continue
-        start = time.perf_counter()
-        batch = read_batch(reader, group)
-        tensors = {key: value.to(dev) for key, value in batch.tensors.items()}
-        times["read"] += time.perf_counter() - start
-        start = time.perf_counter()
-        with torch.no_grad():
-            if sampled:
-                samples = predictor.draws(tensors, n_draws).float()  # (N, B, 13, H, W)
-                mean = samples.mean(0)
-                spread = samples.std(0, unbiased=False).cpu().numpy() if with_spread else None
-            else:
-                mean, spread = predictor(tensors).float(), None
-            mean = mean.clamp(0, 1).cpu().numpy()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        times["model"] += time.perf_counter() - start
-        start = time.perf_counter()
-        masks = _cloud_masks(batch.cloud_prob, store_mask_source(reader.cloud_mask))  # (B, H, W) uint8
-        for i, job in enumerate(group):
-            if job.name in finished:
+    blenders: dict[str, SceneBlender] = {}  # a cut scene's outputs in the making (one, two at a batch's seam)
+
+    def blender_of(job) -> SceneBlender:
+        if job.name not in blenders:
+            scene = grids[job.scene]
+            kinds = ("prediction", "cloud", "uncertainty") if with_spread else ("prediction", "cloud")
+            counts = {
+                "prediction": (len(bands), "uint16"),
+                "cloud": (2, "uint8"),
+                "uncertainty": (len(bands), "uint16"),
+            }
+            files = {kind: (out / _file_name(job.name, kind), *counts[kind], descriptions[kind]) for kind in kinds}
+            grid = SceneOut(scene.height, scene.width, scene.crs, scene.transform, reader.shape[2], scene.windows)
+            blenders[job.name] = SceneBlender(
+                grid, files, _tags(stage, job, rid, clear_pixels), keep_observed=clear_pixels == "observed"
+            )
+        return blenders[job.name]
+
+    try:
+        for group in tqdm(batches(jobs, batch_size), unit="batch", disable=None):
+            if all(job.name in finished for job in group):
                 continue
-            keep = masks[i] == 0 if clear_pixels == "observed" else np.zeros(masks[i].shape, bool)
-            predicted = np.round(mean[i] * S2_SCALE).astype(np.uint16)
-            predicted = np.where(keep[None], batch.observed[i], predicted)
-            georef = geo[job.location]
-            tags = {
-                "VCLOUD_STAGE": str(stage),
-                "DATE": job.date,
-                "LOCATION": job.location_id,
-                "REQUEST_ID": rid,
-                "CLEAR_PIXELS": clear_pixels,
-                "SCALE": str(S2_SCALE),
-            }
-            files = {
-                "prediction": (predicted, "uint16"),
-                "cloud": (np.stack([masks[i], batch.cloud_prob[i]]), "uint8"),
-            }
-            if spread is not None:
-                uncertainty = np.round(np.clip(spread[i], 0, 1) * S2_SCALE).astype(np.uint16)
-                files["uncertainty"] = (np.where(keep[None], np.uint16(0), uncertainty), "uint16")
-            records = {}
-            for kind, (data, dtype) in files.items():
-                path = out / (f"{job.name}.tif" if kind == "prediction" else f"{job.name}_{kind}.tif")
-                write_cog(
-                    path,
-                    data.astype(dtype),
-                    crs=georef.crs,
-                    transform=georef.transform,
-                    descriptions=descriptions[kind],
-                    tags={**tags, "CONTENT": kind},
+            start = time.perf_counter()
+            batch = read_batch(reader, group)
+            tensors = {key: value.to(dev) for key, value in batch.tensors.items()}
+            times["read"] += time.perf_counter() - start
+            start = time.perf_counter()
+            with torch.no_grad():
+                if sampled:
+                    samples = predictor.draws(tensors, n_draws).float()  # (N, B, 13, H, W)
+                    mean = samples.mean(0)
+                    spread = samples.std(0, unbiased=False).cpu().numpy() if with_spread else None
+                else:
+                    mean, spread = predictor(tensors).float(), None
+                mean = mean.clamp(0, 1).cpu().numpy()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            times["model"] += time.perf_counter() - start
+            start = time.perf_counter()
+            masks = _cloud_masks(batch.cloud_prob, store_mask_source(reader.cloud_mask))  # (B, H, W) uint8
+            for i, job in enumerate(group):
+                if job.name in finished:
+                    continue
+                images = (
+                    mean[i],
+                    None if spread is None else spread[i],
+                    batch.observed[i],
+                    batch.cloud_prob[i],
+                    masks[i],
                 )
-                records[kind] = file_record(out, path)
-            manifest["outputs"][job.name] = {
-                **job.describe(reader),
-                "status": "done",
-                "request_id": rid,
-                "files": records,
-            }
-            times["outputs"] += 1
-        write_manifest(out, manifest)  # after the batch's files: it never names an incomplete file
-        times["write"] += time.perf_counter() - start
+                if job.scene >= 0:  # a patch of a cut scene: blended, written when its last patch is in
+                    blender_of(job).add(job.window, *images)
+                    if not job.last:
+                        continue
+                    paths = blenders.pop(job.name).finish()
+                    records = {kind: file_record(out, path) for kind, path in paths.items()}
+                else:
+                    georef = grids[job.location]
+                    records = _write_location(out, job, images, georef, descriptions, rid, stage, clear_pixels)
+                manifest["outputs"][job.name] = {
+                    **job.describe(reader),
+                    "status": "done",
+                    "request_id": rid,
+                    "files": records,
+                }
+                times["outputs"] += 1
+            write_manifest(out, manifest)  # after the batch's files: it never names an incomplete file
+            times["write"] += time.perf_counter() - start
+    finally:
+        for unfinished in blenders.values():
+            unfinished.close()
+    geo = {job.name: grids[job.scene] if job.scene >= 0 else grids[job.location] for job in jobs}
     manifest["mosaics"] = write_mosaics(out, jobs, geo, descriptions["prediction"])
     manifest["complete"] = True
     write_manifest(out, manifest, final=True)
@@ -272,6 +285,51 @@ def predict(
         len(manifest["mosaics"]),
     )
     return manifest
+
+
+def _file_name(name: str, kind: str) -> str:
+    return f"{name}.tif" if kind == "prediction" else f"{name}_{kind}.tif"
+
+
+def _tags(stage: int, job, rid: str, clear_pixels: str) -> dict[str, str]:
+    return {
+        "VCLOUD_STAGE": str(stage),
+        "DATE": job.date,
+        "LOCATION": job.location_id,
+        "REQUEST_ID": rid,
+        "CLEAR_PIXELS": clear_pixels,
+        "SCALE": str(S2_SCALE),
+    }
+
+
+def _write_location(out: Path, job, images: tuple, georef, descriptions, rid: str, stage: int, clear_pixels: str):
+    """The output of a location that is its own scene (a patch of the store's size), written whole.
+    images: its mean and spread (or None) in 0..1, observed S2, stored probability and mask."""
+    mean, spread, observed, prob, mask = images
+    keep = mask == 0 if clear_pixels == "observed" else np.zeros(mask.shape, bool)
+    predicted = np.round(mean * S2_SCALE).astype(np.uint16)
+    predicted = np.where(keep[None], observed, predicted)
+    files = {
+        "prediction": (predicted, "uint16"),
+        "cloud": (np.stack([mask, prob]), "uint8"),
+    }
+    if spread is not None:
+        uncertainty = np.round(np.clip(spread, 0, 1) * S2_SCALE).astype(np.uint16)
+        files["uncertainty"] = (np.where(keep[None], np.uint16(0), uncertainty), "uint16")
+    tags = _tags(stage, job, rid, clear_pixels)
+    records = {}
+    for kind, (data, dtype) in files.items():
+        path = out / _file_name(job.name, kind)
+        write_cog(
+            path,
+            data.astype(dtype),
+            crs=georef.crs,
+            transform=georef.transform,
+            descriptions=descriptions[kind],
+            tags={**tags, "CONTENT": kind},
+        )
+        records[kind] = file_record(out, path)
+    return records
 
 
 def _no_spread(sampled: bool, draws: int | None) -> str:
@@ -301,16 +359,17 @@ def _mask_description(recorded: dict) -> str:
     return f"{recorded['source'].upper()} mask that came with the data: {recorded['pixel_mask']}"
 
 
-def write_mosaics(out: Path, jobs: list, geo: list, descriptions: list[str]) -> dict:
-    """One VRT per (ROI, date) over its locations' predictions; unchanged files are not rewritten."""
-    groups: dict[str, list] = {}
-    for job in jobs:
-        groups.setdefault(f"{job.roi}_{job.date}", []).append(job)
+def write_mosaics(out: Path, jobs: list, geo: dict, descriptions: list[str]) -> dict:
+    """One VRT per (ROI, date) over its outputs (locations or scenes); unchanged files are not rewritten.
+    geo: output name -> its grid (crs, transform)."""
+    groups: dict[str, dict] = {}
+    for job in jobs:  # a cut scene's patches are one output
+        groups.setdefault(f"{job.roi}_{job.date}", {}).setdefault(job.name, job)
     mosaics = {}
-    for name, group in groups.items():
-        tiles = []
+    for name, outputs in groups.items():
+        tiles, group = [], list(outputs.values())
         for job in group:
-            g = geo[job.location]
+            g = geo[job.name]
             tiles.append({"path": out / f"{job.name}.tif", "crs": g.crs, "transform": g.transform})
         import rasterio
 

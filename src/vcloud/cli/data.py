@@ -113,6 +113,12 @@ def add_prepare(sub: argparse._SubParsersAction) -> None:
         "(default 6; 0: the same day only)",
     )
     p.add_argument(
+        "--overlap",
+        type=int,
+        help="a plain folder's scenes larger than --size are cut into patches that overlap their neighbours by "
+        "this many pixels (default: size/8, at least 16, at most size/2; docs/predict.md)",
+    )
+    p.add_argument(
         "--boa-offset",
         type=int,
         help="Level-2A: the BOA_ADD_OFFSET of files whose metadata give neither it nor the processing baseline "
@@ -156,6 +162,7 @@ def run_prepare(args: argparse.Namespace) -> None:
         scl=parse_scl_flags(args.scl),
         s2=s2,
         s1_max_days=args.s1_max_days,
+        overlap=args.overlap,
     )
 
 

@@ -439,7 +439,13 @@ def archives_under(path: Path) -> list[Path]:
 
 
 def resolve_sources(
-    raws: list[Path], roi: RoiId, *, index_dir: Path | None = None, s1_max_days: int | None = None
+    raws: list[Path],
+    roi: RoiId,
+    *,
+    index_dir: Path | None = None,
+    s1_max_days: int | None = None,
+    size: int | None = None,
+    overlap: int | None = None,
 ) -> dict:
     """kind -> the one source that holds that kind of `roi`, over every raw path given.
 
@@ -447,7 +453,8 @@ def resolve_sources(
     reference code's two roots: train, and val/test), or a plain folder of dated GeoTIFFs
     (data/folder.py), read as whichever ROI is asked for. A kind found in two places is an error:
     which copy is meant cannot be guessed. s1_max_days: a plain folder's S1 pairing window (None:
-    folder.S1_MAX_DAYS).
+    folder.S1_MAX_DAYS); size, overlap: the patches a plain folder's scenes are cut into
+    (data/scenes.py; overlap None: its default).
     """
     from vcloud.data.folder import S1_MAX_DAYS, FolderSource, is_plain_folder
 
@@ -455,7 +462,8 @@ def resolve_sources(
     for raw in raws:
         raw = Path(raw)
         if is_plain_folder(raw):  # your own series: S2/, S1/ of dated files (data/folder.py)
-            folder = FolderSource(raw, s1_max_days=S1_MAX_DAYS if s1_max_days is None else s1_max_days)
+            days = S1_MAX_DAYS if s1_max_days is None else s1_max_days
+            folder = FolderSource(raw, s1_max_days=days, size=size, overlap=overlap)
             for kind in KINDS:
                 if folder.has(roi, kind):
                     found[kind].append(folder)

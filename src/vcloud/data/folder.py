@@ -5,9 +5,14 @@
     <folder>/SCL/<anything>_YYYYMMDD.tif   optional, or MASK/: the cloud mask that comes with the data
     <folder>/MASK/<anything>_YYYYMMDD.tif  (data/masks.py), one for every S2 date, matched by date
 
-is one location; several locations (tiles of one area, each the same size) are one folder each:
+is one location; several locations (tiles of one area) are one folder each:
 
-    <folder>/<tile>/S2/..., <folder>/<tile>/S1/...     tiles in name order are patches 0, 1, ...
+    <folder>/<tile>/S2/..., <folder>/<tile>/S1/...     tiles in name order are scenes 0, 1, ...
+
+A scene of any size of at least the patch size is cut into overlapping patches (data/scenes.py),
+each a location of the store: patches 0, 1, ... run over the scenes in name order, each scene's
+patches row by row. A tile of exactly the patch size is one patch, read as before. Every date of a
+scene must be on one grid (CRS, transform, size), S1/ and SCL/ or MASK/ images the same size.
 
 The date is the end of the file name: YYYYMMDD or YYYY-MM-DD right before `.tif` / `.tiff`
 (`S2/20180311.tif`, `S2/mytile_2018-03-11.tif`). Each S2 date is one time index, in date order;
@@ -31,6 +36,7 @@ from pathlib import Path
 
 from vcloud.data.layout import RawName, RoiId
 from vcloud.data.masks import MASK_KINDS
+from vcloud.data.scenes import SceneGrid, check_overlap, default_overlap, patch_windows, scene_grid
 from vcloud.errors import BadInputError
 
 log = logging.getLogger(__name__)
@@ -94,9 +100,12 @@ def _pair(s2: list, s1: list, folder: Path, max_days: int = S1_MAX_DAYS) -> dict
 
 
 class FolderSource:
-    """A plain folder read as one ROI: patch = tile, t = S2 date index (module docstring)."""
+    """A plain folder read as one ROI: patch = a window of a tile's scene, t = S2 date index (module
+    docstring). Without `size` (a date count only) every tile is one patch."""
 
-    def __init__(self, root: Path, *, s1_max_days: int = S1_MAX_DAYS):
+    def __init__(
+        self, root: Path, *, s1_max_days: int = S1_MAX_DAYS, size: int | None = None, overlap: int | None = None
+    ):
         if isinstance(s1_max_days, bool) or not isinstance(s1_max_days, int) or s1_max_days < 0:
             raise BadInputError(f"--s1-max-days {s1_max_days!r}: expected a whole number of days, 0 or more")
         self.root = Path(root)
@@ -106,29 +115,112 @@ class FolderSource:
         else:
             tiles = sorted(child for child in self.root.iterdir() if (child / "S2").is_dir())
         self.tiles = tiles
-        self.files: dict[tuple[str, int, int], tuple[dt.date, Path]] = {}  # (kind, patch, t) -> (date, file)
+        self.files: dict[tuple[str, int, int], tuple[dt.date, Path]] = {}  # (kind, tile, t) -> (date, file)
         self.times = 0
         self.mask_kind: str | None = None  # "scl" or "mask" when the folder brings its cloud mask
-        for patch, tile in enumerate(tiles):
+        self.overlap = (
+            None if size is None else check_overlap(size, default_overlap(size) if overlap is None else overlap)
+        )
+        self.grids: list[SceneGrid | None] = []  # each tile's scene grid (with `size`)
+        self.patches: list[tuple[int, int, int]] = []  # patch -> (tile, row, column) of its window
+        for index, tile in enumerate(tiles):
             s2 = _dated(tile / "S2")
             if not s2:
                 raise BadInputError(f"{tile / 'S2'}: no GeoTIFF ({NAMING})")
             for t, item in enumerate(s2):
-                self.files[("s2", patch, t)] = item
+                self.files[("s2", index, t)] = item
             for t, item in _pair(s2, _dated(tile / "S1"), tile, s1_max_days).items():
-                self.files[("s1", patch, t)] = item
-            self._add_masks(patch, tile, s2)
+                self.files[("s1", index, t)] = item
+            self._add_masks(index, tile, s2)
             self.times = max(self.times, len(s2))
+            grid = None if size is None else self._scene(index, s2, size)
+            self.grids.append(grid)
+            windows = [(0, 0)] if grid is None else patch_windows(grid.height, grid.width, size, self.overlap)
+            self.patches += [(index, row, col) for row, col in windows]
+        self.size = size
+        self.cut = any(g is not None and (g.height, g.width) != (size, size) for g in self.grids)
         if len(tiles) > 1:
-            log.info("%s: tiles as patches: %s", self.root, ", ".join(f"{t.name}=p{i}" for i, t in enumerate(tiles)))
+            log.info("%s: tiles as scenes: %s", self.root, ", ".join(f"{t.name}=s{i}" for i, t in enumerate(tiles)))
+        if self.cut:
+            log.info(
+                "%s: %s cut into %d patches of %d px overlapping by %d px",
+                self.root,
+                ", ".join(f"{t.name} {g.height}x{g.width}" for t, g in zip(tiles, self.grids)),
+                len(self.patches),
+                size,
+                self.overlap,
+            )
 
-    def _add_masks(self, patch: int, tile: Path, s2: list[tuple[dt.date, Path]]) -> None:
+    def _scene(self, tile: int, s2: list[tuple[dt.date, Path]], size: int) -> SceneGrid:
+        """The tile's grid: every S2 date on the first's, at least a patch each side; S1 and mask
+        images of the same size. One line naming the file otherwise."""
+        first_path = s2[0][1]
+        grid = scene_grid(first_path)
+        if grid.height < size or grid.width < size:
+            raise BadInputError(
+                f"{first_path}: {grid.height}x{grid.width} px, smaller than one {size} px patch; give a larger area "
+                f"or prepare with a smaller --size (a model takes the patch size it was trained on)"
+            )
+        for _, path in s2[1:]:
+            other = scene_grid(path)
+            if other != grid:
+                x0, pw, _, y0, _, ph = grid.transform
+                fix = (
+                    f"gdalwarp -t_srs {grid.crs or '<CRS>'} -tr {pw!r} {abs(ph)!r} -te {x0!r} {y0 + grid.height * ph!r} "
+                    f"{x0 + grid.width * pw!r} {y0!r}"
+                )
+                raise BadInputError(
+                    f"{path}: on another grid ({other.describe()}) than {first_path} ({grid.describe()}); resample it "
+                    f"onto that grid ({fix}): every date of a location must be on one grid"
+                )
+        for kind in ("s1", self.mask_kind):
+            for (k, index, _), (_, path) in self.files.items():
+                if not kind or k != kind or index != tile:
+                    continue
+                other = scene_grid(path)
+                if (other.height, other.width) != (grid.height, grid.width):
+                    raise BadInputError(
+                        f"{path}: {other.height}x{other.width} px, its S2 scene {first_path} is "
+                        f"{grid.height}x{grid.width}; every image of a location must cover the S2 grid"
+                    )
+                if kind != "s1" and other.crs and grid.crs and other != grid:
+                    raise BadInputError(
+                        f"{path}: on another grid than its S2 image ({other.describe()} against {grid.describe()})"
+                    )
+        return grid
+
+    def patch_georef(self, patch: int):
+        """The GeoRef of a patch of a cut scene: the scene's transform shifted to its window."""
+        tile, row, col = self.patches[patch]
+        return self.grids[tile].window_georef(row, col)
+
+    def scene_vars(self, patch: int) -> dict:
+        """The store's record of where a patch lies (data/store.py): its window in its scene and the
+        scene's index, size and geotransform, as one-location variables."""
+        import numpy as np
+
+        tile, row, col = self.patches[patch]
+        grid = self.grids[tile]
+        return {
+            "scene": (("location",), np.array([tile], np.int32)),
+            "window": (("location", "win"), np.array([[row, col, self.size, self.size]], np.int32)),
+            "scene_shape": (("location", "hw"), np.array([[grid.height, grid.width]], np.int32)),
+            "scene_transform": (("location", "gt"), np.array([grid.transform], np.float64)),
+        }
+
+    def window(self, patch: int) -> tuple[int, int] | None:
+        """(row, column) of the patch in its scene, or None when its tile is read whole (one patch)."""
+        tile, row, col = self.patches[patch]
+        grid = self.grids[tile]
+        return None if grid is None or (grid.height, grid.width) == (self.size, self.size) else (row, col)
+
+    def _add_masks(self, index: int, tile: Path, s2: list[tuple[dt.date, Path]]) -> None:
         """SCL/ or MASK/ of one tile: one image per S2 date, the same kind in every tile."""
         kinds = [kind for kind in MASK_KINDS if (tile / kind.upper()).is_dir()]
         if len(kinds) > 1:
             raise BadInputError(f"{tile}: both SCL/ and MASK/; keep the one the cloud mask should come from")
         kind = kinds[0] if kinds else None
-        if patch and kind != self.mask_kind:
+        if index and kind != self.mask_kind:
             has = lambda k: f"{k.upper()}/" if k else "no SCL/ or MASK/"  # noqa: E731
             raise BadInputError(
                 f"{tile}: {has(kind)}, {self.tiles[0]}: {has(self.mask_kind)}; every tile needs the same kind of mask"
@@ -141,7 +233,7 @@ class FolderSource:
         for t, (date, image) in enumerate(s2):
             if date not in masks:
                 raise BadInputError(f"{folder}: no image of {date} (for {image.name}); every S2 date needs its mask")
-            self.files[(kind, patch, t)] = (date, masks[date])
+            self.files[(kind, index, t)] = (date, masks[date])
         unused = sorted(masks.keys() - {date for date, _ in s2})
         if unused:
             log.info(
@@ -150,7 +242,7 @@ class FolderSource:
 
     def mask_file(self, patch: int, t: int) -> Path | None:
         """The SCL or MASK image of S2 date index `t` of tile `patch`; None without SCL/ or MASK/."""
-        item = self.files.get((self.mask_kind, patch, t)) if self.mask_kind else None
+        item = self.files.get((self.mask_kind, self.patches[patch][0], t)) if self.mask_kind else None
         return item[1] if item else None
 
     def __str__(self) -> str:
@@ -160,7 +252,8 @@ class FolderSource:
         return kind == "s2" or any(key[0] == kind for key in self.files)
 
     def _name(self, roi: RoiId, kind: str, patch: int, t: int) -> RawName:
-        return RawName(kind=kind, rois=roi.rois, roi=roi.roi, t=t, date=self.files[(kind, patch, t)][0], patch=patch)
+        date = self.files[(kind, self.patches[patch][0], t)][0]
+        return RawName(kind=kind, rois=roi.rois, roi=roi.roi, t=t, date=date, patch=patch)
 
     def list_folder(self, roi: RoiId, kind: str, t: int) -> list[tuple[str, bool]] | None:
         """The images of date index `t` under the dataset's names; [] when no tile has one."""
@@ -168,12 +261,12 @@ class FolderSource:
             return None
         return [
             (self._name(roi, kind, patch, t).filename, False)
-            for patch in range(len(self.tiles))
-            if (kind, patch, t) in self.files
+            for patch, (tile, _, _) in enumerate(self.patches)
+            if (kind, tile, t) in self.files
         ]
 
     def _file(self, kind: str, patch: int, t: int) -> Path:
-        return self.files[(kind, patch, t)][1]
+        return self.files[(kind, self.patches[patch][0], t)][1]
 
     def where(self, roi: RoiId, kind: str, t: int, filename: str = "") -> str:
         if filename:

@@ -123,11 +123,21 @@ def store_mask_source(recorded: dict | None) -> str:
     return (recorded or {}).get("source", "s2cloudless")
 
 
-def read_supplied(path: Path, kind: str, *, size: int, table: dict[int, float], georef: GeoRef | None) -> np.ndarray:
-    """One SCL or MASK file -> (H, W) float32 cloud probability; one line naming the file if not usable."""
+def read_supplied(
+    path: Path, kind: str, *, size: int, table: dict[int, float], georef: GeoRef | None, window=None
+) -> np.ndarray:
+    """One SCL or MASK file -> (H, W) float32 cloud probability; one line naming the file if not usable.
+    window: (row, column) of the patch in a larger scene (data/scenes.py), read alone; its grid is
+    the scene's, checked when the folder was scanned."""
+    from vcloud.data.scenes import read_window
+
     dtypes = (np.uint8,) if kind == "scl" else (np.uint8, np.float32)
     try:
-        data, mask_georef = read_image(path, bands=1, size=size, dtype=dtypes)
+        if window is None:
+            data, mask_georef = read_image(path, bands=1, size=size, dtype=dtypes)
+        else:
+            data = read_window(path, row=window[0], col=window[1], size=size, bands=1, dtype=dtypes)
+            mask_georef = georef
     except BadImageError as err:
         raise BadInputError(f"{path}: {err} ({_expected(kind)})") from None
     if NO_GEOREF not in (georef, mask_georef) and georef is not None and mask_georef != georef:

@@ -40,6 +40,7 @@ from vcloud.data.geotiff import NO_GEOREF, BadImageError, GeoRef, read_image
 from vcloud.data.layout import Problem, RoiId, scan_roi
 from vcloud.data.masks import MaskSpec, read_supplied, scl_table, supplied_mask
 from vcloud.data.s2files import S2Spec, check_s2_file, read_meta
+from vcloud.data.scenes import read_window
 from vcloud.data.store import (
     CLOUD_PROB_SCALE,
     location_id,
@@ -79,6 +80,7 @@ def prepare_roi(
     scl: dict | None = None,
     s2: S2Spec = S2Spec(),
     s1_max_days: int | None = None,
+    overlap: int | None = None,
 ) -> dict:
     """Prepare one ROI; returns the summary counts that are also logged.
 
@@ -88,7 +90,8 @@ def prepare_roi(
     scl: SCL class code -> cloud probability (data/masks.py; None: the default table), used
     when a plain folder brings SCL/. s2: the S2 files' band set and product level
     (data/s2files.py; other than 13 L1C bands only in a plain folder). s1_max_days: a plain
-    folder's S1 pairing window in days (None: folder.S1_MAX_DAYS, 6).
+    folder's S1 pairing window in days (None: folder.S1_MAX_DAYS, 6). overlap: the pixels that
+    neighbouring patches of a plain folder's larger scene share (data/scenes.py; None: its default).
     """
     if on_bad_image not in ("fail", "skip"):
         raise BadInputError(f"on_bad_image: '{on_bad_image}' is not one of fail, skip")
@@ -96,7 +99,8 @@ def prepare_roi(
         raise BadInputError(f"workers: {workers!r} is not a positive number of threads")
     raws = [Path(p) for p in raw] if isinstance(raw, (list, tuple)) else [Path(raw)]
     out = Path(out)
-    scan = scan_roi(resolve_sources(raws, roi, index_dir=index_dir, s1_max_days=s1_max_days), roi, times=times)
+    sources = resolve_sources(raws, roi, index_dir=index_dir, s1_max_days=s1_max_days, size=size, overlap=overlap)
+    scan = scan_roi(sources, roi, times=times)
     problems = list(scan.problems)
     _fail_on(problems, on_bad_image)
     spec = _mask_spec(scan, scl_table(scl), s2)
@@ -113,6 +117,8 @@ def prepare_roi(
     }
     if isinstance(scan.sources.get("s2"), FolderSource):
         options["s1_max_days"] = scan.sources["s2"].s1_max_days
+        if scan.sources["s2"].cut:
+            options["overlap"] = scan.sources["s2"].overlap
     where = ", ".join(sorted({str(Path(str(source)).resolve()) for source in scan.sources.values()}))
     label = "SEN12MS-CR-TS" if not isinstance(scan.sources.get("s2"), FolderSource) else "plain folder"
     attrs = store_attrs(source=f"{label} {where}", options=options, s2_bands=s2.bands)
@@ -253,12 +259,18 @@ def _prepare_location(scan, patch, size, thresholds, wind, problems, spec: MaskS
     firsts: dict[str, str] = {}  # and its file
     specs = {"s2": (len(s2spec.bands), np.uint16), "s1": (len(S1_BANDS), np.float32)}
     folder = isinstance(scan.sources.get("s2"), FolderSource)
+    window = scan.sources["s2"].window(patch) if folder else None  # a patch of a larger scene
     for t in range(times):
         for kind, name in sorted(scan.images.get((patch, t), {}).items()):
             path = scan.where(name)
             bands, dtype = specs[kind]
             try:
-                data, image_georef = read_image(scan.open(name), bands=bands, size=size, dtype=dtype)
+                if window is None:
+                    data, image_georef = read_image(scan.open(name), bands=bands, size=size, dtype=dtype)
+                else:
+                    row, col = window
+                    data = read_window(scan.open(name), row=row, col=col, size=size, bands=bands, dtype=dtype)
+                    image_georef = scan.sources["s2"].patch_georef(patch)
                 if kind == "s1":
                     data, nans = _clean_s1(data)
                     nan_pixels[t] = nans
@@ -298,7 +310,7 @@ def _prepare_location(scan, patch, size, thresholds, wind, problems, spec: MaskS
         if spec.source == "s2cloudless":
             prob[good], mask = computed, computed_mask
         else:
-            prob[good] = _supplied(scan, patch, good, spec, size=size, georef=georefs.get("s2"))
+            prob[good] = _supplied(scan, patch, good, spec, size=size, georef=georefs.get("s2"), window=window)
             mask = supplied_mask(prob[good])
         if spec.s2cloudless_too:
             compared["cloud_cover_s2cloudless"][good] = computed_mask.reshape(len(good), -1).mean(axis=1)
@@ -323,6 +335,8 @@ def _prepare_location(scan, patch, size, thresholds, wind, problems, spec: MaskS
     }
     if spec.s2cloudless_too:
         data_vars.update({name: (two, values[None]) for name, values in compared.items()})
+    if folder and scan.sources["s2"].cut:
+        data_vars.update(scan.sources["s2"].scene_vars(patch))
     if wind is not None:
         u, v = wind.at(georef, dates["s2"], size=size)
         data_vars["wind_u"] = (two, u[None])
@@ -352,7 +366,7 @@ def _check_s2(path, data: np.ndarray, bands: tuple[str, ...]) -> None:
         )
 
 
-def _supplied(scan, patch: int, good: np.ndarray, spec: MaskSpec, *, size: int, georef) -> np.ndarray:
+def _supplied(scan, patch: int, good: np.ndarray, spec: MaskSpec, *, size: int, georef, window=None) -> np.ndarray:
     """(len(good), H, W) the cloud probability of the SCL or MASK images of the dates `good`.
 
     Rounded to the store's steps (1/250), so that the mask computed here is the one every reader
@@ -362,7 +376,7 @@ def _supplied(scan, patch: int, good: np.ndarray, spec: MaskSpec, *, size: int, 
     out = np.empty((len(good), size, size), np.float32)
     for i, t in enumerate(good):
         path = source.mask_file(patch, int(t))
-        out[i] = read_supplied(path, spec.source, size=size, table=spec.scl or {}, georef=georef)
+        out[i] = read_supplied(path, spec.source, size=size, table=spec.scl or {}, georef=georef, window=window)
     return np.round(out * CLOUD_PROB_SCALE) / np.float32(CLOUD_PROB_SCALE)
 
 

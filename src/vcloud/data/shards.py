@@ -247,6 +247,10 @@ class ShardReader:
         optional = lambda name: table(name) if name in ds else None  # noqa: E731
         self.crs, self.transform = optional("crs"), optional("transform")
         self.roi_region, self.roi_number = optional("rois"), optional("roi")
+        # A plain folder's scene cut into patches (data/scenes.py): each patch's scene, window
+        # (row, column, height, width), the scene's size and geotransform; None when not cut.
+        self.scene, self.window = optional("scene"), optional("window")
+        self.scene_shape, self.scene_transform = optional("scene_shape"), optional("scene_transform")
 
     def __len__(self) -> int:
         return self.shape[0]

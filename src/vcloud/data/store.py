@@ -21,7 +21,11 @@ Dims: location, time, band_s2 (13), band_s1 (2), y, x, and gt (6) for the geotra
 | date_s2/s1     | location, time                     | datetime64       | acquisition date, NaT if missing  |
 | wind_u/v       | location, time                     | float32          | wind (m/s) when a table was given |
 | crs, transform | location / location, gt            | str / float64    | georeferencing per location       |
+| scene, window  | location / location, win           | int32            | a cut scene's patch: its scene, window row, col, h, w |
+| scene_shape, scene_transform | location, hw / location, gt | int32 / float64 | that scene's size and geotransform |
 
+The scene variables are there only when a plain folder's scene larger than the patch was cut into
+overlapping patches (data/scenes.py).
 Coordinates: location (id "ROIs1868_119_p42"), rois ("ROIs1868"), roi (119), patch (42), time.
 The cloud probability and mask are s2cloudless's, or those that came with the data (SCL/ or
 MASK/ of a plain folder, data/masks.py); the attribute `cloud_mask` says which (`source`) and how
