@@ -53,10 +53,13 @@ def test_wind_cache_benchmark_meets_its_size_target():
     assert result["file_mb"] <= 1.0  # size is deterministic; the load-time target is not asserted
 
 
-def test_gpu_benchmark_times_every_stage_and_the_fed_loader(tiny_store):
-    """On the CPU here (no GPU in CI): the small config, one timed step per stage."""
+def test_gpu_benchmark_times_every_stage_and_the_fed_loader(tiny_store, tmp_path):
+    """On the CPU here (no GPU in CI): the small config, one timed step per stage, each with its
+    memory estimate, and `vcloud predict` on a tiny synthetic ROI."""
     result = _bench(
         "bench_gpu.py",
+        *("--size", "32", "--predict", "--predict-patches", "1", "--predict-dates", "3", "--predict-size", "32"),
+        *("--predict-batch", "2", "--workdir", str(tmp_path)),
         "--config",
         "config/models/small.yaml",
         "--steps",
@@ -77,6 +80,23 @@ def test_gpu_benchmark_times_every_stage_and_the_fed_loader(tiny_store):
         assert figures["trainable_parameters_m"] > 0, name
     assert stages["stage2"]["refine_one_sample_s"] > 0
     assert stages["stage3"]["pseudo_label_s_per_sample"] > 0 and stages["stage3"]["sampler_seeds"] >= 1
-    assert stages["stage1"]["estimated_peak_gib_configured"] > 0
+    for name, figures in stages.items():  # the estimate for the same shapes, every stage
+        assert figures["estimated_peak_gib_configured"] > 0, name
+        assert figures["estimated_step_total_gib_configured"] >= figures["estimated_peak_gib_configured"], name
+        assert figures["estimated_largest_total_gib"] >= figures["estimated_step_total_gib_configured"], name
+    assert stages["stage3"]["estimated_largest_phase"] in ("step", "teacher", "validate")
+    predict = result["predict"]
+    assert predict["stage"] == 2 and predict["outputs"] > 0 and predict["outputs_per_s"] > 0
+    assert predict["km2_per_s"] > 0 and predict["device"] == "cpu"
     fed = result["stage1_fed_from_store"]
     assert fed["samples_per_s"] > 0 and 0 <= fed["data_wait_fraction"] <= 1 and fed["workers"] == 0
+
+
+def test_extent_benchmark_gives_time_per_km2_against_the_forward_floor(tmp_path):
+    """A scene of any size (80 x 70 px, 32 px patches, the tiny models): prepare and predict per
+    square kilometre, and predict over the model's forward alone on the same patches."""
+    tiny = ["--height", "80", "--width", "70", "--size", "32", "--config", "tests/workflow/tiny_models.yaml"]
+    result = _bench("bench_extent.py", *tiny, "--workdir", str(tmp_path))
+    assert result["patches"] == 16 and result["km2"] == 0.56  # rows 0, 16, 32, 48; columns 0, 16, 32, 38
+    for key in ("prepare_s_per_km2", "predict_s_per_km2", "forward_floor_s", "predict_over_floor"):
+        assert result[key] > 0, key
