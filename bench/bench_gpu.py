@@ -3,14 +3,14 @@ loader keeps the device fed.
 
     python bench/bench_gpu.py [--config config/models/full.yaml] [--steps 10] [--warmup 3]
                               [--store STORE.zarr --feed-steps 40]
+                              [--predict [--predict-size 256 --predict-dates 30 --predict-batch 8]]
                               [--size 256] [--dates 16] [--batch N]   # smaller shapes for a CPU smoke run
 
 Per stage, on "cuda" when there is one (ROCm maps it) else the CPU, with batches made on the
 device in the loader's raw layout (samples.finish_batch turns them into model input, as in
 training): the median time of one optimizer step (forward, backward, AdamW; bf16 autocast as
 configured), samples/s, the peak device memory (torch.cuda.max_memory_allocated, reset per
-stage) and the trainable parameters. Stage 1 also prints the memory estimator's figure for the
-same shapes (models/memory.py) next to the measured peak. Stage 2 adds the time of one few-step
+stage) and the trainable parameters. Stage 2 adds the time of one few-step
 DDIM refinement (validation, evaluation) and stage 3 the teacher's time per pseudo-label
 (`sampler_seeds` refinements). Stages 2 and 3 run on untrained weights (the speed and memory do
 not depend on them).
@@ -20,6 +20,14 @@ workers and the trainer's loader options, the path a LUMI job takes (on a GPU, s
 clouded target runs on the device, stages.detect_on): samples/s and the fraction
 of wall time spent waiting for a batch, next to the step rate on device-made batches. The
 loader keeps the device fed when that fraction is small and the two rates agree.
+
+With --predict: `vcloud predict` of stage 2 (apply.run.predict, as bench_predict.py runs it)
+on a synthetic ROI written and prepared by vcloud's own tools in --workdir: outputs and km2
+per second and the peak device memory.
+
+Every stage also prints the memory estimator's figures for the shapes it was timed at
+(runtime/stage_memory.py): the training step's simulated peak next to the measured one, and
+its largest phase (stage 3's teacher or validation where larger).
 
 Prints one JSON object.
 """
@@ -175,12 +183,6 @@ def stage_figures(cfg, *, device, size, dates, batch_override, steps, warmup) ->
             warmup=warmup,
         ),
     }
-    from vcloud.models import memory
-
-    estimate = memory.estimate(cfg, dates=dates, size=size, batch=b, names=())
-    figures["stage1"]["estimated_peak_gib_configured"] = round(
-        estimate["scenarios"]["configured"]["peak_bytes"] / 2**30, 2
-    )
     # stage 2: the pixel-space refiner around the frozen stage 1
     from vcloud.models.refiner import Refiner
 
@@ -278,7 +280,30 @@ def stage_figures(cfg, *, device, size, dates, batch_override, steps, warmup) ->
     for fig in figures.values():
         if "step_s_median" in fig:
             fig["samples_per_s"] = round(fig["batch"] / fig["step_s_median"], 2)
+    estimated(cfg, figures, dates=dates, size=size)
     return figures
+
+
+def estimated(cfg, figures: dict, *, dates: int, size: int) -> None:
+    """Each stage's estimate (runtime/stage_memory.py, fake tensors) for the shapes it was timed
+    at, beside the measured peak: the training step's simulated peak and total, and the total
+    of the stage's largest phase (stage 3's teacher, validation) with its name."""
+    from vcloud.runtime.stage_memory import estimate_stage
+
+    for stage in STAGES:
+        fig = figures[stage.name]
+        result = estimate_stage(cfg, stage.number, dates=dates, size=size, batch=fig["batch"], every=False)
+        configured = result["scenarios"]["configured"]
+        step = configured["phases"]["step"]
+        fig["estimated_peak_gib_configured"] = round(step["peak_bytes"] / 2**30, 2)
+        fig["estimated_step_total_gib_configured"] = round(step["total_bytes"] / 2**30, 2)
+        fig["estimated_largest_phase"] = result["largest_phase"]
+        fig["estimated_largest_total_gib"] = round(configured["total_bytes"] / 2**30, 2)
+        fig["estimate_s"] = result["seconds"]
+        if "peak_memory_gib" in fig:
+            fig["measured_over_estimated_peak"] = round(
+                fig["peak_memory_gib"] / max(fig["estimated_peak_gib_configured"], 1e-9), 3
+            )
 
 
 def fed_from_store(cfg, store: Path, *, device, size, steps) -> dict:
@@ -353,6 +378,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, help="DataLoader workers for --store (default: data.num_workers)")
     parser.add_argument("--store", type=Path, help="a prepared store: also train stage 1 through the DataLoader")
     parser.add_argument("--feed-steps", type=int, default=40)
+    parser.add_argument("--predict", action="store_true", help="also `vcloud predict` on a synthetic ROI (stage 2)")
+    parser.add_argument("--predict-patches", type=int, default=4, help="locations of the synthetic ROI")
+    parser.add_argument("--predict-dates", type=int, default=30, help="dates per location")
+    parser.add_argument("--predict-size", type=int, default=256, help="patch size of the synthetic ROI")
+    parser.add_argument("--predict-batch", type=int, default=8, help="vcloud predict --batch-size")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/vcloud-bench"), help="where the ROI is made")
     args = parser.parse_args()
     cfg = load_model_config(args.config)
     size = args.size or cfg.data.crop or 256
@@ -378,7 +409,35 @@ def main() -> None:
         result["stage1_fed_from_store"] = fed_from_store(
             cfg, args.store, device=device, size=size, steps=args.feed_steps
         )
+    if args.predict:
+        result["predict"] = predict_figures(args, device=device)
     emit(result)
+
+
+def predict_figures(args, *, device: str) -> dict:
+    """`vcloud predict` (apply.run.predict, bench_predict.py) of stage 2 on a synthetic ROI
+    made and prepared by vcloud's own tools: throughput and the peak device memory."""
+    from bench_predict import measure_predict
+
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    figures = measure_predict(
+        workdir=args.workdir,
+        patches=args.predict_patches,
+        times=args.predict_dates,
+        size=args.predict_size,
+        config_path=args.config,
+        stage=2,
+        draws=None,
+        batch_size=args.predict_batch,
+        device=device,
+        min_cover=0.0,
+    )
+    if device == "cuda":
+        figures["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        figures["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 2)
+    return figures
 
 
 if __name__ == "__main__":

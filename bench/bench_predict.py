@@ -31,7 +31,36 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--min-cover", type=float, default=0.05)
     args = parser.parse_args()
+    emit(
+        measure_predict(
+            workdir=args.workdir,
+            patches=args.patches,
+            times=args.times,
+            size=args.size,
+            config_path=args.config,
+            stage=args.stage,
+            draws=args.draws,
+            batch_size=args.batch_size,
+            device=args.device,
+            min_cover=args.min_cover,
+        )
+    )
 
+
+def measure_predict(
+    *,
+    workdir: Path,
+    patches: int,
+    times: int,
+    size: int,
+    config_path: Path,
+    stage: int,
+    draws: int | None,
+    batch_size: int,
+    device: str,
+    min_cover: float,
+) -> dict:
+    """`vcloud predict`'s own code (apply.run.predict) on the synthetic ROI: the figures above."""
     import torch
     import yaml
 
@@ -42,13 +71,13 @@ def main() -> None:
     from vcloud.models.refiner import Refiner
     from vcloud.train.checkpoint import checkpoint_meta, save_checkpoint
 
-    work = args.workdir / f"predict_{args.patches}x{args.times}x{args.size}"
+    work = workdir / f"predict_{patches}x{times}x{size}"
     work.mkdir(parents=True, exist_ok=True)
     store = work / "store.zarr"
     if not store.is_dir():
-        raw = make_raw(args.workdir, patches=args.patches, times=args.times, size=args.size)
-        prepare_roi(raw=raw, roi=ROI, out=store, times=args.times, size=args.size)
-    models = yaml.safe_load(args.config.read_text())
+        raw = make_raw(workdir, patches=patches, times=times, size=size)
+        prepare_roi(raw=raw, roi=ROI, out=store, times=times, size=size)
+    models = yaml.safe_load(config_path.read_text())
     models["stage1"]["model"]["wind_scan"] = False
     config = work / "models.yaml"
     config.write_text(yaml.safe_dump(models))
@@ -70,37 +99,36 @@ def main() -> None:
     predict(
         store=store,
         out=out,
-        stage=args.stage,
-        checkpoints={n: checkpoints[n] for n in range(1, args.stage + 1)},
+        stage=stage,
+        checkpoints={n: checkpoints[n] for n in range(1, stage + 1)},
         config_path=config,
-        draws=args.draws,
-        batch_size=args.batch_size,
-        device=args.device,
-        min_cover=args.min_cover,
+        draws=draws,
+        batch_size=batch_size,
+        device=device,
+        min_cover=min_cover,
         timings=timings,
     )
     wall = time.perf_counter() - start
     outputs = timings["outputs"]
     loop = timings["read"] + timings["model"] + timings["write"]
-    emit(
-        {
-            "benchmark": "predict",
-            "config": str(args.config),
-            "stage": args.stage,
-            "device": args.device,
-            "threads": torch.get_num_threads(),
-            "patch": args.size,
-            "dates": args.times,
-            "locations": args.patches,
-            "batch_size": args.batch_size,
-            "draws": args.draws,
-            "outputs": outputs,
-            "wall_s": round(wall, 2),
-            "outputs_per_s": round(outputs / wall, 3),
-            "share": {name: round(timings[name] / loop, 3) for name in ("read", "model", "write")},
-            "setup_s": round(wall - loop, 2),
-        }
-    )
+    return {
+        "benchmark": "predict",
+        "config": str(config_path),
+        "stage": stage,
+        "device": device,
+        "threads": torch.get_num_threads(),
+        "patch": size,
+        "dates": times,
+        "locations": patches,
+        "batch_size": batch_size,
+        "draws": draws,
+        "outputs": outputs,
+        "wall_s": round(wall, 2),
+        "outputs_per_s": round(outputs / wall, 3),
+        "km2_per_s": round(outputs * (size * 10 / 1000) ** 2 / wall, 3),  # 10 m pixels
+        "share": {name: round(timings[name] / loop, 3) for name in ("read", "model", "write")},
+        "setup_s": round(wall - loop, 2),
+    }
 
 
 if __name__ == "__main__":
