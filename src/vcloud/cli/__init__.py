@@ -3,7 +3,7 @@
 Every command exits 0 on success. A VcloudError becomes one line on stderr naming the file
 or key and what is wrong, and exit status 2; the command leaves no partial output behind.
 
-One module per family of commands (data, train, evaluate, apply, cluster, site, report): each command
+One module per family of commands (data, train, evaluate, apply, cluster, site, report, tracking): each command
 is an `add_<command>(sub)` that declares its arguments, beside the `run_<command>(args)` that
 runs it; _common holds the flags several commands share. The run functions import what they
 use, so `vcloud --help` imports no torch.
@@ -16,7 +16,7 @@ import logging
 import sys
 
 from vcloud import __version__
-from vcloud.cli import apply, cluster, data, evaluate, report, site, train
+from vcloud.cli import apply, cluster, data, evaluate, report, site, tracking, train
 from vcloud.errors import EXIT_REQUEUE, StopRequested, VcloudError
 
 # The order `vcloud --help` lists them in: the pipeline's, then the cluster's and the report's.
@@ -49,6 +49,7 @@ COMMANDS = (
     report.add_report_tables,
     evaluate.add_compare_stages,
     evaluate.add_compare,
+    tracking.add_export_mlflow,
     report.add_accounting,
 )
 
