@@ -53,4 +53,7 @@ onstart:
 rule all:
     default_target: True
     input:
-        get_all_outputs() + get_predict_outputs() + get_rehearsal_outputs(),
+        get_all_outputs()
+        + get_predict_outputs()
+        + get_rehearsal_outputs()
+        + get_tracking_outputs(),

@@ -1,6 +1,8 @@
 # Evaluation of every stage on the test split (three protocols, next to three baselines; research
 # runs on val too), the offline viewer and the run report's figures and tables. One evaluation
 # rule per stage of the registry: evaluate_stage0, evaluate_stage1, evaluate_stage2, evaluate_stage3.
+# The offline tracking's export to MLflow (rule export_mlflow) closes it.
+from vcloud.export.tracking import tracking_flags, tracking_inputs
 
 
 # The fixed protocol's cloud detection (s2cloudless on every synthetic-clouded target), done once
@@ -240,3 +242,33 @@ rule accounting:
     shell:
         "vcloud accounting --benchmarks {params.benchmarks} --resources {params.resources:q}"
         " --tsv {output.tsv} --html {output.page} > {log} 2>&1"
+
+
+# Offline tracking (config tracking.mlflow; docs/evaluation.md, "Tracking in MLflow"): every run's
+# resolved config, per-epoch metrics and scores in one MLflow SQLite database. A local rule with no
+# container: the controller's process is its one writer, and its Python needs the mlflow extra.
+localrules:
+    export_mlflow,
+
+
+rule export_mlflow:
+    input:
+        # Every run's curves, evaluations and model config (a shared one once): it runs after them.
+        tracking_inputs(RUN_PATHS, research=RESEARCH),
+    output:
+        # Brought up to date in place (update: snakemake keeps it, and restores it if the job fails):
+        # the MLflow runs keep their ids from one export to the next.
+        db=update(f"{RESULTS}/mlflow.db"),
+    log:
+        "logs/export_mlflow/export_mlflow.log",
+    benchmark:
+        "benchmarks/export_mlflow/export_mlflow.tsv"
+    conda:
+        "../../envs/mlflow.yaml"
+    params:
+        results=lambda wildcards, output: str(Path(output.db).parent),
+        runs=tracking_flags(
+            RUNS, RUN_PATHS, model_config=None if RESEARCH else get_model_config()
+        ),
+    shell:
+        "vcloud export-mlflow --db {output.db} --results {params.results:q} {params.runs} > {log} 2>&1"

@@ -202,6 +202,12 @@ def get_comparison_outputs():
     return [RUN.comparison(), RUN.comparison("md")] if RESEARCH else []
 
 
+def get_tracking_outputs():
+    """results/mlflow.db (rule export_mlflow) with tracking.mlflow on; off by default, MLflow being
+    optional: the default pipeline neither needs it nor waits for the export."""
+    return [f"{RESULTS}/mlflow.db"] if config["tracking"]["mlflow"] else []
+
+
 def get_research_outputs():
     """Every research run's files (a shared one once), the accounting's inputs."""
     files = [f for paths in RUN_PATHS for f in paths.run_outputs()]

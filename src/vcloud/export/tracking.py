@@ -132,6 +132,33 @@ def collect(specs: list[RunSpec], *, results: str) -> list[RunRecord]:
     return records
 
 
+def tracking_inputs(run_paths: list, *, research: bool) -> list[str]:
+    """Rule export_mlflow's inputs: every run's metrics.jsonl and evaluations (val too in research
+    runs) and a research run's model config, each shared file once."""
+    from vcloud.registry import STAGE_NUMBERS
+
+    splits = SPLITS if research else ("test",)
+    files = []
+    for paths in run_paths:
+        files += [paths.metrics_log(stage) for stage in STAGE_NUMBERS]
+        files += [paths.eval_report(stage, split) for split in splits for stage in STAGE_NUMBERS]
+        files += [paths.run_model_config()] if research else []
+    return list(dict.fromkeys(files))
+
+
+def tracking_flags(runs: list, run_paths: list, *, model_config: str | None) -> str:
+    """vcloud export-mlflow's --run EXPERIMENT SEED FOLDER MODEL_CONFIG per run, in the workflow's
+    order; `model_config` for the single run (config.model_config), None for research runs (each
+    its own run_config's model.yaml)."""
+    import shlex
+
+    return " ".join(
+        f"--run {run.experiment} {'-' if run.seed is None else run.seed} {shlex.quote(paths.results)} "
+        + shlex.quote(model_config or paths.run_model_config())
+        for run, paths in zip(runs, run_paths, strict=True)
+    )
+
+
 def _prefix(folder: str, results: str) -> str:
     """The run's prefix under the results folder ("" for the single run, "/<experiment>/seed<k>")."""
     try:
