@@ -12,6 +12,7 @@ import json
 import re
 import shlex
 from collections.abc import Callable
+from pathlib import Path
 
 from vcloud.errors import ConfigError
 from vcloud.registry import STAGES, get_stage
@@ -209,9 +210,24 @@ def resources_json(rules, rule_resources: Callable, cluster) -> str:
     return json.dumps(out, sort_keys=True)
 
 
-def deployment_problems(methods) -> list[str]:
-    """Pre-flight of the software deployment: on a cluster every rule runs inside the image."""
-    if not any("apptainer" in str(m).lower() for m in methods):
+def deployment_problems(methods, cluster=None, *, in_image: bool | None = None) -> list[str]:
+    """Pre-flight of the software deployment: on a cluster every rule runs inside the image.
+    Where the site has no host installs (runtime/image_run.py), snakemake itself runs in the
+    image (`in_image`: /.singularity.d, made by apptainer in every container) and starts no
+    container per rule."""
+    apptainer = any("apptainer" in str(m).lower() for m in methods)
+    if cluster is not None and not cluster.host_installs:
+        if in_image is None:
+            in_image = Path("/.singularity.d").is_dir()
+        if not in_image:
+            return [
+                f"snakemake runs on the host, but {cluster.title} has no host installs: start the run with "
+                f"profiles/{cluster.name}/bin/vcloud submit (`vcloud profile --site {cluster.name}` writes it)"
+            ]
+        if apptainer:
+            return ["software-deployment-method: apptainer is on inside the image (a container in a container)"]
+        return []
+    if not apptainer:
         return [
             "software-deployment-method: apptainer is not on, so rules would run outside "
             "the image (use the lumi profile)"

@@ -127,7 +127,10 @@ def build_env_image(folder: Path, root: Path = REPO) -> Path:
     python.write_text(f'#!/bin/sh\nPYTHONPATH={MOUNT}/site${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
     script = venv_bin / "vcloud"
     script.write_text(f'#!/bin/sh\nexec {MOUNT}/venv/bin/python3 {MOUNT}/site/bin/vcloud "$@"\n')
-    for path in (python, script):
+    # snakemake as an image that runs it (a site without host installs) carries it: its command.
+    snakemake = venv_bin / "snakemake"
+    snakemake.write_text(f'#!/bin/sh\nexec {MOUNT}/venv/bin/python3 -m snakemake "$@"\n')
+    for path in (python, script, snakemake):
         path.chmod(0o755)
     (venv_bin / "python").symlink_to("python3")  # a venv has both
     (env / STAMP).write_text(stamp + "\n")

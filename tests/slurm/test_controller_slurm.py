@@ -39,7 +39,7 @@ from tests.lumi.helpers import REPO, STAND_IN, exec_calls, require_stand_in, wri
 from tests.slurm.polling import fast_polling
 from tests.slurm.test_site_variants import SITE_CONF, variants  # noqa: F401 - the site cluster fixture
 from tests.workflow.snakemake_run import copy_worktree
-from vcloud.runtime.controller import JOB_NAME, STATE
+from vcloud.runtime.controller import JOB_NAME, SCRIPT, STATE
 
 pytestmark = [pytest.mark.slurm, pytest.mark.container, pytest.mark.workflow]
 SLURM_COMMANDS = ("sbatch", "squeue", "scancel", "sacct", "scontrol", "srun", "sinfo", "sstat")
@@ -61,9 +61,10 @@ def site_bin(folder: Path) -> Path:
     return folder
 
 
-def user_clone(tmp_path: Path) -> Path:
+def user_clone(tmp_path: Path, **cluster) -> Path:
     """The clone with the user's run file and profile: config/saga.yaml's cluster section names
-    the account, the image, the environment and the binds, then `vcloud profile --site saga`."""
+    the account, the image, the environment and the binds (and `cluster`'s changes), then
+    `vcloud profile --site saga`."""
     clone = copy_worktree(tmp_path / "vcloud")
     run_file = clone / "config" / "saga.yaml"
     config = yaml.safe_load(run_file.read_text())
@@ -79,6 +80,7 @@ def user_clone(tmp_path: Path) -> Path:
         image=str(write_stand_in_image(container)),
         env_image=env_image,
         binds=[str(tmp_path)],
+        **cluster,
     )
     run_file.write_text(yaml.safe_dump(config))
     command = ["vcloud", "profile", "--site", "saga"]
@@ -235,3 +237,61 @@ def test_controller_warned_then_cancelled_then_resubmitted_finishes_the_saga_reh
     )
     steps = [call["argv"] for call in exec_calls(tmp_path)]
     assert any("--nv" in argv for argv in steps) and not all("--nv" in argv for argv in steps)
+
+
+def test_a_site_without_host_installs_runs_the_controller_and_every_job_from_the_image(variants, tmp_path):  # noqa: F811
+    """Saga as Olivia is (`host_installs: false`): the user starts `vcloud submit` through
+    profiles/saga/bin, so vcloud runs in the image on the login node; the controller's batch
+    script starts the image's python; every job's snakemake starts in the image; a GPU rule's
+    step goes back to the host's apptainer, with `--nv`. SLURM's client reaches the container
+    only through the site's slurm_binds: the site cluster's configuration bound over
+    /etc/slurm (without it, sbatch in the image would ask the other cluster, which has no
+    a100), and munge's socket (the container has no /run). Stage 0 of the rehearsal, trained."""
+    require_stand_in()
+    variants.use("sigma2")
+    slurm_binds = [f"{Path(SITE_CONF).parent}:/etc/slurm", "/run/munge"]
+    clone = user_clone(tmp_path, host_installs=False, slurm_binds=slurm_binds)
+    rehearsal_file(tmp_path, clone)
+    pace = shutil.copytree(REPO / "tests/slurm/pace", tmp_path / "pace")  # under the bind
+    # The host has no vcloud and no SLURM of this cluster on its PATH: only apptainer.
+    env = {**os.environ, "PATH": f"{STAND_IN}:{os.environ['PATH']}", "SLURM_CONF": SITE_CONF}
+    env.update(VCLOUD_APPTAINER_LOG=str(tmp_path / "apptainer.jsonl"), PYTHONPATH=str(pace))
+    fast_polling(env, pace)
+    target = "results-rehearsal/stage0/best.pt"
+    args = ["--configfile", "config/saga.yaml", "config/rehearsal.yaml", "test.yaml", "--", target]
+    submit = ["profiles/saga/bin/vcloud", "submit", "--profile", "profiles/saga", "--runtime", "60", "--", *args]
+    host = {k: v for k, v in env.items() if k != "SLURM_CONF"}  # the login node's default cluster
+    done = subprocess.run(submit, cwd=clone, env=host, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    job = json.loads((clone / STATE).read_text())["job"]
+    log = clone / "logs" / "controller" / f"{job}.log"
+
+    def queued() -> bool:
+        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i"], env=env, capture_output=True, text=True)
+        return job in out.stdout.split()
+
+    wait_for("the controller's end", lambda: not queued(), 900, log)
+    state = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"], env=env, capture_output=True)
+    assert state.stdout.decode().split()[0] == "COMPLETED", log.read_text()[-4000:]
+    assert (clone / target).is_file()
+    text = (clone / SCRIPT).read_text()
+    assert "exec python -m vcloud.runtime.controller" in text and str(clone / "profiles/saga/bin") in text
+
+    calls = [call["argv"] for call in exec_calls(tmp_path)]
+    entered = [argv for argv in calls if "/run/munge" in argv]  # through profiles/saga/bin
+    words = [" ".join(argv[argv.index("/run/munge") + 2 :]) for argv in entered]  # after the image
+    assert words[0].startswith("vcloud submit --profile profiles/saga"), words
+    assert sum(w.startswith("python -m vcloud.runtime.controller run") for w in words) == 1, words
+    jobs = [w for w in words if w.startswith("python -m snakemake")]
+    assert len(jobs) >= 5, words  # synth_raw x3, prepare_roi, ..., train_stage0: each its job
+    steps = [argv for argv in calls if argv not in entered]  # the GPU step, from the host's apptainer
+    assert steps and all("--nv" in argv for argv in steps) and not any("--nv" in argv for argv in entered)
+    assert any("train" in argv and "--out" in argv for argv in steps), steps
+    accounting = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-o", "JobID,Partition,Comment,WorkDir", "-S", "now-1hours"],
+        env=env,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
+    rows = [line.split("|") for line in accounting if line.endswith(f"|{clone}") and int(line.split("|")[0]) > int(job)]
+    assert any(row[1] == "a100" for row in rows), rows  # stage 0 on Saga's GPU partition

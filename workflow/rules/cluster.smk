@@ -147,7 +147,7 @@ def get_cluster_report():
         cwd=Path.cwd(),
         repo=Path(VCLOUD_ROOT),
     )
-    found.errors.extend(logic.deployment_problems(settings.deployment_method))
+    found.errors.extend(logic.deployment_problems(settings.deployment_method, CLUSTER))
     return found
 
 

@@ -90,15 +90,23 @@ def controller_job(cluster, *, runtime: int | None = None) -> ControllerJob:
     return ControllerJob(partition, cluster.account, minutes, signal_seconds=max(2 * cluster.signal_seconds, 300))
 
 
-def script(job: ControllerJob, *, workdir: Path, profile: Path, snakemake_args: list[str]) -> str:
-    """The batch script: options, then the controller in Python (it handles the warning)."""
+def script(
+    job: ControllerJob, *, workdir: Path, profile: Path, snakemake_args: list[str], image_bin: Path | None = None
+) -> str:
+    """The batch script: options, then the controller in Python (it handles the warning). With
+    `image_bin` (a site without host installs: runtime/image_run.py), its `python` runs in the
+    image, and so does everything the controller starts."""
     lines = ["#!/bin/bash"]
     lines += [f"#SBATCH {option}" for option in job.sbatch_options(workdir)]
-    command = [sys.executable, "-m", "vcloud.runtime.controller", "run", "--profile", str(profile)]
+    python = sys.executable if image_bin is None else "python"
+    command = [python, "-m", "vcloud.runtime.controller", "run", "--profile", str(profile)]
     command += ["--script", str(workdir / SCRIPT), "--grace", str(job.signal_seconds - 120)]
     command += ["--", *snakemake_args]
     # exec: the batch shell becomes the controller, so SIGUSR1 (B:) reaches its handler.
-    lines += ["set -eu", f"cd {shlex.quote(str(workdir))}", "exec " + shlex.join(command), ""]
+    lines += ["set -eu", f"cd {shlex.quote(str(workdir))}"]
+    if image_bin is not None:
+        lines.append(f'export PATH={shlex.quote(str(image_bin))}:"$PATH"')
+    lines += ["exec " + shlex.join(command), ""]
     return "\n".join(lines)
 
 
@@ -215,7 +223,14 @@ def submit(*, profile: Path, workdir: Path, snakemake_args: list[str], runtime: 
         lines.append(f"network rules here, on the login node: {shlex.join(until)}")
         if subprocess.run(until).returncode != 0:
             raise ConfigError(f"{shlex.join(until)} failed: the rules that need the network did not finish")
-    text = script(job, workdir=workdir, profile=profile, snakemake_args=snakemake_args)
+    image_bin = None
+    if not cluster.host_installs:  # the controller's python from the image (runtime/image_run.py)
+        from vcloud.runtime import image_run
+
+        image_bin = (workdir / profile / image_run.BIN).resolve()
+        if not (image_bin / image_run.SCRIPT).is_file():
+            raise ConfigError(f"{image_bin / image_run.SCRIPT}: missing; run `vcloud profile --site {cluster.name}`")
+    text = script(job, workdir=workdir, profile=profile, snakemake_args=snakemake_args, image_bin=image_bin)
     path = workdir / SCRIPT
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, text)

@@ -63,6 +63,14 @@ def bound_paths(apptainer_args: str) -> set[str]:
 
 
 def check_container(cluster: Cluster, apptainer_args: str | None, precommand: str | None, report: Report) -> None:
+    if not cluster.host_installs:  # the binds are in profiles/<site>/bin (runtime/image_run.py), not the profile's
+        from vcloud.runtime.image_run import check as check_image_run
+
+        try:
+            check_image_run(cluster)
+        except ConfigError as err:
+            report.errors.append(str(err))
+        return
     args = apptainer_args or ""
     if "--rocm" in shlex.split(args):
         report.errors.append(

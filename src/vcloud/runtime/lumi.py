@@ -131,6 +131,8 @@ class Cluster:
     quotas: dict = field(default_factory=dict, compare=False)
     home: str | None = None
     home_bytes: float | None = None
+    host_installs: bool = True  # False: snakemake and vcloud run from the image (runtime/image_run.py)
+    slurm_binds: tuple[str, ...] = ()  # the SLURM client, bound into the image where snakemake runs there
 
     @classmethod
     def from_config(cls, config: dict) -> Cluster | None:
@@ -176,6 +178,8 @@ class Cluster:
             quotas=dict(section.get("quotas") or {}),
             home=section.get("home"),
             home_bytes=section.get("home_bytes"),
+            host_installs=bool(section.get("host_installs", True)),
+            slurm_binds=tuple(_expand(b, account) for b in section.get("slurm_binds") or ()),
         )
 
     # --- container -----------------------------------------------------------------------

@@ -184,6 +184,13 @@ def render(cluster: Cluster, *, source: str = "config/lumi.yaml", array_jobs: bo
         # Runs in each job before its snakemake, on the host: apptainer reads these.
         "precommand": cluster.precommand(),
     }
+    if not cluster.host_installs:
+        # snakemake and every job's snakemake run in the image already (runtime/image_run.py):
+        # no per-rule container, and the jobs start `python` from PATH (profiles/<site>/bin),
+        # not this process's interpreter, whose path is the image's.
+        for key in ("software-deployment-method", "apptainer-args", "precommand"):
+            del settings[key]
+        settings["shared-fs-usage"] = ["persistence", "input-output", "sources", "source-cache", "storage-local-copies"]
     if limits := cluster.global_resources():
         # A partition that runs one job of a user at a time (dev-g): snakemake submits one at
         # a time, so refused submissions never consume a rule's retries.
@@ -240,6 +247,11 @@ def write_site_profile(site: str, root: Path, *, check: bool = False) -> list[st
     if named != site:
         raise ConfigError(f"{config_file}: cluster.site names {named!r}, not {site!r}")
     done = [write_profile(config_file, root / "profiles" / site / "config.yaml", check=check)]
+    cluster = Cluster.from_config(config)
+    if not cluster.host_installs:
+        from vcloud.runtime import image_run
+
+        done += image_run.write(cluster, root / "profiles" / site / image_run.BIN, check_only=check)
     link = root / site
     if not check and not link.exists() and not link.is_symlink():
         link.symlink_to(Path("profiles") / site)
