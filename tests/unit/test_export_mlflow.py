@@ -294,3 +294,12 @@ def test_without_mlflow_the_command_says_what_to_install_in_one_line(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install 'vcloud[mlflow]'" in lines[0], proc.stderr
     assert not (tmp_path / "x.db").exists()
+
+
+def test_a_file_that_is_no_mlflow_database_is_refused_and_left_as_it_is(tmp_path, capsys):
+    flags = build(tmp_path, rows=1)
+    db = tmp_path / "results/mlflow.db"
+    db.write_bytes(b"not a database")
+    assert export(tmp_path, flags) == 2
+    assert f"{db}: not an MLflow SQLite database this MLflow can open" in capsys.readouterr().err
+    assert db.read_bytes() == b"not a database"
