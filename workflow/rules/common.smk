@@ -1,6 +1,7 @@
 # Settings, wildcards and the raw-data input functions shared by every rules file (get_* / is_*).
 # Result paths and the stages' inputs: paths.smk; SLURM and container wiring: cluster.smk.
 import json
+import re
 import shlex
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,6 +16,7 @@ from vcloud.data.archive import (
 )
 from vcloud.config.experiments import baseline, is_research, plan_runs
 from vcloud.data.layout import parse_roi
+from vcloud.data.locations import folder_locations, is_folder_source
 from vcloud.data.splits import assign_splits
 from vcloud import workflow as logic
 from vcloud.errors import ConfigError
@@ -27,10 +29,22 @@ PREPARED = PATHS["prepared"]
 RESULTS = PATHS["results"]
 # Every path of the run under those two folders (src/vcloud/paths.py).
 RUN = RunPaths(prepared=PREPARED, results=RESULTS)
+# data.source: folder (docs/data.md, "Your own locations"): the locations, checked in one line.
+try:
+    FOLDER = folder_locations(config) if is_folder_source(DATA) else None
+except ConfigError as err:
+    raise WorkflowError(str(err)) from None
+
+
+def get_roi_pattern():
+    """A ROI's file name: ROIsXXXX_NNN, or the name of one of your own locations."""
+    if FOLDER:
+        return "|".join(re.escape(location.name) for location in FOLDER.locations)
+    return r"ROIs\d{4}_\d+"
 
 
 wildcard_constraints:
-    roi=r"ROIs\d{4}_\d+",
+    roi=get_roi_pattern(),
     split="train|val|test",
     archive=r"s[12]_[A-Za-z]+(_test)?\.tar\.gz",
 
@@ -40,7 +54,9 @@ def is_synthetic():
 
 
 def get_raw_paths():
-    """Raw inputs: the synthetic folder, or data.raw (a path or a list of paths)."""
+    """Raw inputs: the synthetic folder, data.raw (a path or a list of paths), or data.folder."""
+    if FOLDER:
+        return [str(FOLDER.root)]
     if is_synthetic():
         return [PATHS["synthetic_raw"]]
     raw = DATA["raw"]
@@ -49,6 +65,8 @@ def get_raw_paths():
 
 def is_archive_input():
     """The raw data are downloaded archives (read in place), not an extracted tree."""
+    if FOLDER:
+        return False
     if is_synthetic():
         return config["synthetic"]["archives"]
     return any(classify(Path(path)) != "tree" for path in get_raw_paths())
@@ -94,7 +112,10 @@ def get_archive(wildcards):
 
 
 def get_rois():
-    """ROIs to prepare: the synthetic list, the configured list, or every ROI of the raw data."""
+    """ROIs to prepare: the synthetic list, the configured list, or every ROI of the raw data;
+    or your own locations (data.source: folder)."""
+    if FOLDER:
+        return list(FOLDER.locations)
     if is_synthetic():
         return [parse_roi(text) for text in config["synthetic"]["rois"]]
     if DATA["rois"] != "all":
@@ -109,6 +130,8 @@ def get_rois():
 
 
 def get_split_rois(split):
+    if FOLDER:
+        return FOLDER.split(split)  # never empty: checked while parsing
     splits = assign_splits(
         get_rois(), test=DATA["splits"]["test"], val=DATA["splits"]["val"]
     )
@@ -125,6 +148,8 @@ def get_prepared_roi(roi):
 
 def get_prepare_input(wildcards):
     """The ROI's two archives and their indexes, or its folder of an extracted tree."""
+    if FOLDER:
+        return {"raw": str(FOLDER.get(wildcards.roi).path)}
     roi = parse_roi(wildcards.roi)
     if is_archive_input():
         names = [archive_for(roi, kind).filename for kind in ("s1", "s2")]
@@ -146,6 +171,25 @@ def get_prepare_input(wildcards):
 
 def get_raw_flags():
     return " ".join(f"--raw {shlex.quote(str(path))}" for path in get_raw_paths())
+
+
+def get_prepare_raw_flags(wildcards):
+    """prepare_roi's --raw: every raw path, or the one location's folder (data.source: folder)."""
+    if FOLDER:
+        return f"--raw {shlex.quote(str(FOLDER.get(wildcards.roi).path))}"
+    return get_raw_flags()
+
+
+def get_roi_id(wildcards):
+    """prepare_roi's --roi: the ROI of the file name, or a location's (ROIs9000/<n>)."""
+    if FOLDER:
+        return str(FOLDER.get(wildcards.roi).roi)
+    return str(parse_roi(wildcards.roi))
+
+
+def get_times():
+    """Dates per location in every store: data.times, or the longest of your own series."""
+    return FOLDER.times if FOLDER else DATA["times"]
 
 
 def get_wind_table():

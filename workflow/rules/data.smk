@@ -1,6 +1,7 @@
 # Raw SEN12MS-CR-TS (or its synthetic stand-in) -> per-ROI zarr stores -> split stores.
 # Downloaded archives are read in place: indexed once each (index_archive), then every
-# prepare_roi job decompresses only its own members.
+# prepare_roi job decompresses only its own members. With data.source: folder every location
+# (a sub-folder of data.folder) is prepared as one ROI, and the splits assemble them.
 
 from vcloud.data.s2files import prepare_flags
 
@@ -74,11 +75,11 @@ rule prepare_roi:
     resources:
         **get_slurm_resources("prepare_roi"),
     params:
-        raw=get_raw_flags(),
+        raw=get_prepare_raw_flags,
         index_dir=get_index_dir(),
-        roi=lambda wildcards: str(parse_roi(wildcards.roi)),
+        roi=get_roi_id,
         policy=DATA["on_bad_image"],
-        times=DATA["times"],
+        times=get_times(),
         size=DATA["patch_size"],
         wind=f"--wind {get_wind_table()}" if get_wind_table() else "",
         clouds=" ".join(
