@@ -327,22 +327,20 @@ def test_a_level_2a_model_evaluates_and_predicts_twelve_bands(l2a_store, tmp_pat
     assert manifest["bands"] == list(L2A) and "(L2A, as the input)" in manifest["scale"]
     with rasterio.open(out / "ROIs9000_1_p0_2019-03-11.tif") as src:
         assert src.count == 12 and src.descriptions == L2A
-    capsys.readouterr()
+    # The workflow's detection file of a supplied-mask store: nothing detected (the clouded targets
+    # take the simulated cloud), the samples pinned; evaluating with it scores the same samples alike.
+    detected = tmp_path / "f.npz"
     assert (
-        main(
-            [
-                "fixed-protocol",
-                "--store",
-                str(l2a_store),
-                "--config",
-                str(ckpt["config"]),
-                "--out",
-                str(tmp_path / "f.npz"),
-            ]
-        )
-        == 2
+        main(["fixed-protocol", "--store", str(l2a_store), "--config", str(ckpt["config"]), "--out", str(detected)])
+        == 0
     )
-    assert "its cloud mask came with the data, not from s2cloudless" in capsys.readouterr().err
+    with np.load(detected) as npz:
+        assert npz["levels"].size == 0 and not npz["offsets"].any()
+        assert json.loads(str(npz["meta"]))["target_probability"] == "simulated"
+    again = tmp_path / "eval-with-file.json"
+    assert main(["evaluate", *args, "--out", str(again), "--fixed-protocol", str(detected)]) == 0
+    fixed = [json.loads(path.read_text())["protocols"]["fixed"] for path in (report, again)]
+    assert fixed[0]["samples"] > 0 and fixed[0] == fixed[1]
 
 
 @pytest.mark.slow  # two trainings of the tiny models, 12-18 s on a shared core: the fast tier has the pieces

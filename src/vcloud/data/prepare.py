@@ -43,6 +43,7 @@ from vcloud.data.s2files import S2Spec, check_s2_file, read_meta
 from vcloud.data.scenes import read_window
 from vcloud.data.store import (
     CLOUD_PROB_SCALE,
+    PLAIN_FOLDER,
     location_id,
     open_store,
     store_attrs,
@@ -120,7 +121,7 @@ def prepare_roi(
         if scan.sources["s2"].cut:
             options["overlap"] = scan.sources["s2"].overlap
     where = ", ".join(sorted({str(Path(str(source)).resolve()) for source in scan.sources.values()}))
-    label = "SEN12MS-CR-TS" if not isinstance(scan.sources.get("s2"), FolderSource) else "plain folder"
+    label = "SEN12MS-CR-TS" if not isinstance(scan.sources.get("s2"), FolderSource) else PLAIN_FOLDER
     attrs = store_attrs(source=f"{label} {where}", options=options, s2_bands=s2.bands)
     attrs["s2_product_level"] = s2.level
     attrs["series"] = {"times": times, "absent": list(scan.absent), "beyond": list(scan.beyond)}

@@ -25,6 +25,7 @@ from vcloud.data.store import (
     CLOUD_PROB_SCALE,
     IMAGE_VARS,
     ShardLayout,
+    from_plain_folder,
     normalise_s1,
     normalise_s2,
     open_store,
@@ -242,6 +243,7 @@ class ShardReader:
         self.cloud_mask: dict = dict(ds.attrs.get("cloud_mask") or {})  # where the mask came from (data/masks.py)
         self.s2_bands: tuple[str, ...] = store_bands(ds.attrs)
         self.s2_level: str = ds.attrs.get("s2_product_level", "L1C")
+        self.from_plain_folder = from_plain_folder(ds.attrs)  # your own imagery, not SEN12MS-CR-TS
         self.layouts = {name: ShardLayout.read(self.path, name) for name in IMAGE_VARS}
         # Each location's georeferencing and ROI (vcloud predict's COGs and folders), when kept.
         optional = lambda name: table(name) if name in ds else None  # noqa: E731

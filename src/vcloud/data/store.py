@@ -95,6 +95,14 @@ def check_bands(store: Path, model_bands: Sequence[str], *, model: str, have: Se
         )
 
 
+PLAIN_FOLDER = "plain folder"  # the start of a store's `source` when prepared from your own imagery (data/folder.py)
+
+
+def from_plain_folder(attrs: dict) -> bool:
+    """Whether a store (its attrs) holds your own imagery rather than SEN12MS-CR-TS's."""
+    return str(attrs.get("source", "")).startswith(PLAIN_FOLDER)
+
+
 def location_id(rois: str, roi: int, patch: int) -> str:
     return f"{rois}_{roi}_p{patch}"
 
@@ -295,6 +303,11 @@ def assemble(stores: Sequence[Path], out: Path) -> None:
             raise BadInputError(
                 f"{path}: S2 bands {' '.join(store_bands(ds.attrs))} differ from {' '.join(store_bands(first.attrs))} "
                 f"of {first_path}; a split takes one band set"
+            )
+        if from_plain_folder(ds.attrs) != from_plain_folder(first.attrs):
+            raise BadInputError(
+                f"{path}: source {ds.attrs.get('source')!r}, {first_path}: {first.attrs.get('source')!r}; a split takes "
+                "SEN12MS-CR-TS or your own imagery, not both"
             )
         if ds.attrs.get("cloud_mask") != first.attrs.get("cloud_mask"):
             raise BadInputError(

@@ -75,8 +75,8 @@ def compare_stages(reports: list[Path], *, stages: tuple[int, ...]) -> dict:
         }
         if name != "natural":  # the error where the reconstructed date is seen (scoring.score)
             entry["seen_mae"] = {str(n): by_stage[n][1][name].get("model", {}).get("seen_mae") for n in values}
-        if name == "natural":
-            entry["pooled"] = list(parts)
+        if name == "natural":  # the protocols scored (uncrtaints is not on your own imagery)
+            entry["pooled"] = [p for p in parts if any(_samples(by_stage[n][1].get(p, {})) for n in order)]
         for before, after in zip(order, order[1:]):
             if before not in values or after not in values:
                 continue

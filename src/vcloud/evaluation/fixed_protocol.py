@@ -22,6 +22,12 @@ File (npz, no pickle):
 Loading checks all of it against the store and model config of the evaluation; any difference,
 a damaged or truncated file, or a sample whose cloud touches another number of pixels than the
 file holds stops with one line naming the file and what differs.
+
+A store whose mask came with the data (SCL/, MASK/: data/masks.py) has nothing to detect: its
+clouded targets get the simulated cloud's probability, as its own mask would mark them
+(data/samples.py). Its file holds no levels (`target_probability` "simulated" in the meta, every
+offset 0) and still pins the samples (store fingerprint, seed, dates, kinds, ...), so the
+workflow's rules read one file whatever the mask; loading it sets no detection.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ CHECKED = {
     "samples": "sample count",
     "shape": "sample shape",
     "s2cloudless": "s2cloudless settings",
+    "target_probability": "target probability (s2cloudless detected, or simulated where the mask came with the data)",
 }
 
 
@@ -100,7 +107,14 @@ def protocol_meta(dataset: CloudySamples, *, clear_max_cover: float) -> dict:
         "samples": len(dataset.pair_order),  # one per (clear target, kind)
         "shape": shape,
         "s2cloudless": _s2cloudless(),
+        "target_probability": target_probability(dataset),
     }
+
+
+def target_probability(dataset: CloudySamples) -> str:
+    """Where a clouded target's probability comes from: s2cloudless detected on it, or the simulated
+    cloud itself on a store whose mask came with the data."""
+    return "simulated" if dataset.supplied_mask else "s2cloudless"
 
 
 def _checksum(arrays: dict[str, np.ndarray]) -> str:
@@ -134,19 +148,10 @@ def fixed_samples(
         kinds=EVAL_KINDS,
     )
     if detected is not None:
-        _needs_detection(dataset, store)
-        dataset.detected = load_fixed_protocol(detected, dataset, clear_max_cover=cfg.data.clear_target_max_cover)
+        detections = load_fixed_protocol(detected, dataset, clear_max_cover=cfg.data.clear_target_max_cover)
+        if not dataset.supplied_mask:  # a supplied mask's targets: the simulated cloud, nothing detected
+            dataset.detected = detections
     return dataset
-
-
-def _needs_detection(dataset: CloudySamples, store: Path) -> None:
-    """A store whose mask came with the data (SCL/, MASK/) has no detection to precompute: its
-    clouded targets are marked as its mask would mark them (data/samples.py)."""
-    if dataset.supplied_mask:
-        raise BadInputError(
-            f"{store}: its cloud mask came with the data, not from s2cloudless: the fixed protocol has no detection "
-            "to precompute (vcloud evaluate marks the simulated clouds itself); run it without --fixed-protocol"
-        )
 
 
 # --- compute and write -----------------------------------------------------------------
@@ -179,8 +184,14 @@ def write_fixed_protocol(store: Path, cfg: ModelSetConfig, out: Path, *, threads
     if threads < 1:
         raise VcloudError(f"--threads: {threads}; expected at least 1")
     dataset = fixed_samples(store, cfg)
-    _needs_detection(dataset, store)
-    arrays = detect_all(dataset, threads=threads)
+    if dataset.supplied_mask:
+        log.info(
+            "%s: its cloud mask came with the data: the clouded targets take the simulated clouds, nothing to detect",
+            store,
+        )
+        arrays = {"levels": np.zeros(0, np.uint8), "offsets": np.zeros(len(dataset.pair_order) + 1, np.int64)}
+    else:
+        arrays = detect_all(dataset, threads=threads)
     meta = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
@@ -250,6 +261,7 @@ def load_fixed_protocol(path: Path, dataset: CloudySamples, *, clear_max_cover: 
     path = Path(path)
     arrays, meta = _read(path)
     expected = protocol_meta(dataset, clear_max_cover=clear_max_cover)
+    meta.setdefault("target_probability", "s2cloudless")  # files made before supplied masks were taken
     for key, label in CHECKED.items():
         if meta.get(key) != expected[key]:
             raise BadInputError(

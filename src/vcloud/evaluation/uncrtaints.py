@@ -18,6 +18,10 @@ location (patch) from its s2cloudless cloud coverage per date (the mean of the b
 - match (the reference's "coverage bin"): False when fewer than T dates qualified or the
   target's coverage is above 1e-3. Reported, not filtered on (the reference scores every sample).
 
+The protocol is SEN12MS-CR-TS's: a store of your own imagery (a plain folder, data/folder.py) has
+no sample of it (said in one line; `vcloud evaluate` reports it as not run, validation leaves it
+out), whatever its series and mask.
+
 Coverage comes from the store's `cloud_cover` (the same s2cloudless mask and post-processing),
 or from the dataset authors' released pairing file for the test split,
 `generic_{T}_test_all_s2cloudless_mask.npy` (the reference's `--import_data_path`).
@@ -452,6 +456,12 @@ class UncrtaintsSamples(Dataset):
             raise BadInputError(f"uncrtaints: need 0 <= min_cov <= max_cov <= 1, got [{min_cov}, {max_cov}]")
         self.reader = as_reader(store)
         self.store = self.reader.path
+        if getattr(self.reader, "from_plain_folder", False):
+            raise BadInputError(
+                f"{self.store}: your own imagery (a plain folder), not SEN12MS-CR-TS: the uncrtaints protocol is that "
+                "dataset's (its sampler over the dataset's series, its regions and released pairing), so it is not run; "
+                "the fixed and reference protocols score this store"
+            )
         self.dates, self.region, self.min_cov, self.max_cov = dates, region, min_cov, max_cov
         self.pairs = None if pairs is None else Path(pairs)
         rois = region_rois(region)

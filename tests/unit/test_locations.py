@@ -1,0 +1,193 @@
+"""Your own locations as the workflow's data source (data/locations.py): the config checked in one
+line naming the key, each location in exactly its split under a ROI id of its own; and the
+protocols on a store of your own imagery (the uncrtaints protocol is SEN12MS-CR-TS's)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from vcloud.data.layout import RoiId
+from vcloud.data.locations import folder_locations
+from vcloud.errors import BadInputError, ConfigError
+
+ROOT = Path(__file__).parents[2]
+SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
+
+
+def _location(root: Path, name: str, dates: int, *, tiles: tuple[str, ...] = ()) -> None:
+    """A location's folder as the parse-time checks see it: dated S2 file names (never opened)."""
+    for tile in tiles or ("",):
+        for day in range(dates):
+            path = root / name / tile / "S2" / f"T32TQM_{dt.date(2019, 3, 1) + dt.timedelta(days=5 * day):%Y%m%d}.tif"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"")
+
+
+@pytest.fixture
+def folder(tmp_path) -> Path:
+    root = tmp_path / "mine"
+    _location(root, "oslo", 6, tiles=("east", "west"))
+    _location(root, "bergen", 3)
+    _location(root, "tromso", 118)
+    _location(root, "bodo", 4)
+    return root
+
+
+def _config(root: Path, **data) -> dict:
+    locations = {"train": ["oslo", "bergen"], "val": ["tromso"], "test": ["bodo"]}
+    return {
+        "synthetic": {"enabled": False},
+        "data": {"source": "folder", "folder": str(root), "locations": locations, **data},
+    }
+
+
+def test_each_location_is_one_roi_in_exactly_its_split(folder):
+    found = folder_locations(_config(folder))
+    # ROI ids by name order, whatever the splits: ROIs9000/1 = bergen, ...
+    assert [(loc.name, loc.split, loc.roi, loc.dates) for loc in found.locations] == [
+        ("bergen", "train", RoiId("ROIs9000", 1), 3),
+        ("bodo", "test", RoiId("ROIs9000", 2), 4),
+        ("oslo", "train", RoiId("ROIs9000", 3), 6),
+        ("tromso", "val", RoiId("ROIs9000", 4), 118),
+    ]
+    assert {split: [loc.slug for loc in found.split(split)] for split in ("train", "val", "test")} == {
+        "train": ["bergen", "oslo"],
+        "val": ["tromso"],
+        "test": ["bodo"],
+    }
+    assert found.get("oslo").path == folder / "oslo"  # its tiles are its scenes, all in train
+    assert found.times == 118  # every store keeps the longest series, so that the splits assemble
+
+
+def _refused(config: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        folder_locations(config)
+    assert str(err.value) == message
+
+
+def test_a_location_named_twice_is_one_line(folder):
+    config = _config(folder)
+    config["data"]["locations"]["test"] = ["bodo", "oslo"]
+    _refused(config, "data.locations.test: 'oslo' listed also in data.locations.train; a location belongs to one split")
+    config["data"]["locations"]["test"] = ["bodo", "bodo"]
+    _refused(config, "data.locations.test: 'bodo' listed twice; a location belongs to one split")
+
+
+def test_a_location_missing_on_disk_or_without_s2_is_one_line(folder):
+    config = _config(folder)
+    config["data"]["locations"]["val"] = ["narvik"]
+    _refused(config, f"data.locations.val: 'narvik': no folder {folder / 'narvik'}")
+    (folder / "narvik" / "S1").mkdir(parents=True)
+    _refused(
+        config,
+        f"data.locations.val: 'narvik': {folder / 'narvik'} has no S2/ (or <tile>/S2/) folder of dated GeoTIFFs "
+        "(docs/data.md, 'Your own locations')",
+    )
+
+
+def test_a_series_too_short_or_misnamed_is_one_line_naming_the_location(folder):
+    config = _config(folder)
+    _location(folder, "alta", 1)
+    config["data"]["locations"]["val"] = ["alta"]
+    _refused(
+        config,
+        f"data.locations.val: 'alta': 1 date with S2 in {folder / 'alta'}; a location needs at least 2 (a clear "
+        "target and another date, whatever data.input_dates): add dates or leave it out",
+    )
+    (folder / "alta" / "S2" / "T32TQM_march.tif").write_bytes(b"")
+    _refused(
+        config,
+        f"data.locations.val: 'alta': {folder / 'alta' / 'S2' / 'T32TQM_march.tif'}: no date at the end of the file "
+        "name (expected <anything>_YYYYMMDD.tif or <anything>_YYYY-MM-DD.tif)",
+    )
+
+
+def test_what_a_folder_source_needs_is_one_line(folder):
+    config = _config(folder)
+    config["synthetic"]["enabled"] = True
+    _refused(
+        config,
+        "data.source: folder, but synthetic.enabled is true: set synthetic.enabled: false (else the synthetic data "
+        "would be prepared)",
+    )
+    config = _config(folder)
+    del config["data"]["folder"]
+    _refused(config, "data.folder: required with data.source: folder (the folder whose sub-folders are locations)")
+    config = _config(folder, folder=str(folder / "nowhere"))
+    _refused(config, f"data.folder: {folder / 'nowhere'}: not a folder")
+    config = _config(folder)
+    config["data"]["locations"]["val"] = []
+    _refused(config, "data.locations.val: no location; every split (train, val, test) needs one")
+
+
+def test_the_schema_names_a_bad_location_key():
+    import copy
+
+    import yaml
+
+    from vcloud.config.workflow import schema_errors
+
+    schema = yaml.safe_load(SCHEMA.read_text())
+    default = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+
+    def errors(**data):
+        config = copy.deepcopy(default)
+        config["data"].update({"source": "folder", "folder": "mine", **data})
+        return schema_errors(config, schema)
+
+    assert errors(locations={"train": ["a"], "val": ["b"], "test": ["c"]}) is None
+    assert errors(locations={"train": ["a"], "test": ["c"]}) == "missing key data.locations.val"
+    assert errors(locations={"train": ["a"], "val": ["b"], "test": ["c"], "holdout": ["d"]}) == (
+        "unknown key data.locations.holdout (allowed: test, train, val)"
+    )
+    assert errors(locations={"train": ["a b"], "val": ["b"], "test": ["c"]}) == (
+        "key data.locations.train.0: 'a b' does not match '^[A-Za-z0-9][A-Za-z0-9_.-]*$'"
+    )
+    assert errors(source="archive") == "key data.source: 'archive' is not one of ['sen12mscrts', 'folder']"
+    assert schema_errors(default, schema) is None  # the default config: no source, no folder, unchanged
+
+
+# --- the protocols on your own imagery --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def own_store(tiny_raw_master, tmp_path_factory):
+    """A store of a plain folder with SCL/ (tests/unit/test_cloud_masks.py's series, without S1)."""
+    from tests.unit.test_cloud_masks import _scl_layers
+    from tests.unit.test_folder import S2_DATES, _images, _write
+    from vcloud.data.prepare import prepare_roi
+
+    root = tmp_path_factory.mktemp("own") / "mine"
+    s2 = _images(tiny_raw_master, "s2")
+    for (data, georef), date, layer in zip(s2, S2_DATES, _scl_layers()):
+        _write(root / "S2" / f"T32TQM_{date}.tif", data, georef)
+        _write(root / "SCL" / f"SCL_{date}.tif", layer[None], georef)
+    out = root.parent / "mine.zarr"
+    prepare_roi(raw=root, roi=RoiId("ROIs9000", 1), out=out, times=4, size=32)
+    return out
+
+
+def test_the_uncrtaints_protocol_is_not_run_on_your_own_imagery(own_store, small):
+    from vcloud.evaluation.evaluate import uncrtaints_samples
+    from vcloud.evaluation.uncrtaints import UncrtaintsSamples
+
+    reason = (
+        f"{own_store}: your own imagery (a plain folder), not SEN12MS-CR-TS: the uncrtaints protocol is that "
+        "dataset's (its sampler over the dataset's series, its regions and released pairing), so it is not run; "
+        "the fixed and reference protocols score this store"
+    )
+    with pytest.raises(BadInputError) as err:
+        UncrtaintsSamples(own_store, dates=2)
+    assert str(err.value) == reason
+    assert uncrtaints_samples(own_store, small) == reason  # vcloud evaluate: reported as not run
+
+
+def test_a_split_takes_one_source(own_store, tiny_store, tmp_path):
+    from vcloud.data.store import assemble
+
+    with pytest.raises(BadInputError, match=r"a split takes SEN12MS-CR-TS or your own imagery, not both$"):
+        assemble([tiny_store, own_store], tmp_path / "mixed.zarr")
+    assert not (tmp_path / "mixed.zarr").exists()
