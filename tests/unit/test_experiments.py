@@ -87,7 +87,11 @@ def test_seeds_alone_make_runs_of_the_base_experiment():
             "experiments[0]: key stage1.train.lr: -1.0 must be > 0",
         ),
         ({"seeds": []}, "seeds: empty list"),
-        ({"seeds": [0], "rehearsal": {"enabled": True}}, "rehearsal.enabled: a rehearsal tries one run"),
+        (
+            {"experiments": [{"name": "a"}], "rehearsal": {"enabled": True, "experiment": "b"}},
+            "rehearsal.experiment: 'b' is not an experiment (a)",
+        ),
+        ({"rehearsal": {"enabled": True, "experiment": "b"}}, "rehearsal.experiment: 'b' is not an experiment (base)"),
         ({"seeds": [0], "predict": {"enabled": True}}, "predict.enabled: predictions apply"),
         ({"seeds": [0], "compare": {"baseline": "nope"}}, "compare.baseline: 'nope' is not an experiment (base)"),
         ({"seeds": [1, 2, 1]}, "seeds[2]: 1 is listed twice"),
@@ -191,6 +195,44 @@ def test_the_bill_and_the_data_budget_count_every_run_and_say_so():
     item = checkpoints(grid)
     assert item.bytes == 2 * 15 * CHECKPOINT_FALLBACK_BYTES
     assert "15 stage trainings for 6 runs" in item.what
+    # Logs: 6 synthetic ROIs and 3 splits prepared once; 15 trainings, each evaluated on test and
+    # val (30), 2 fixed protocols (test, val), 1 wind cache, 6 stage tables, 6 run configs,
+    # compare and the accounting: 71 jobs, against the single run's 22.
+    (logs,) = [i for i in data_budget(grid).items if i.what.startswith("logs")]
+    assert logs.what == "logs and benchmarks (71 jobs of 6 runs)" and logs.files == 3 * 71
+    assert [i.files for i in data_budget(single).items if i.what == "logs and benchmarks"] == [3 * 22]
+
+
+def test_a_rehearsal_of_a_grid_tries_one_run_the_baselines_first_seed_at_the_rehearsals_sizes():
+    from vcloud.config.experiments import rehearsal_note
+
+    grid = {
+        "experiments": [
+            {"name": "a"},
+            {
+                "name": "long",
+                "overrides": {"stage3": {"train": {"epochs": 200, "lr": 1.0e-4}}, "data": {"val_samples": 9}},
+            },
+        ],
+        "seeds": [4, 5],
+        "compare": {"baseline": "long"},
+    }
+    assert len(plan(**grid)) == 4  # not rehearsing: the grid
+    (run,) = plan(**grid, rehearsal={"enabled": True})
+    # compare's baseline, its first seed, files where a single run's lie (results-rehearsal/stage<n>/)
+    assert (run.experiment, run.seed, run.prefix) == ("long", 4, "")
+    model = load_model_config(SMALL)
+    assert run.model_set.stage3.train.lr == 1.0e-4 and run.model_set.stage3.train.seed == 4  # its settings
+    assert run.model_set.stage3.train.epochs == model.stage3.train.epochs  # not its 200 epochs
+    assert run.model_set.data.val_samples == model.data.val_samples
+    (chosen,) = plan(**grid, rehearsal={"enabled": True, "experiment": "a"})
+    assert (chosen.experiment, chosen.seed) == ("a", 4)
+    note = rehearsal_note({"data": WORKFLOW_DATA, **grid, "rehearsal": {"enabled": True}}, SMALL)
+    assert note == (
+        "one run of the grid: experiment long (compare's baseline), seed 4, of 2 experiments x 2 seeds; "
+        "its data.val_samples, stage3.train.epochs left to the rehearsal's"
+    )
+    assert rehearsal_note({"data": WORKFLOW_DATA, **grid}, SMALL) is None
 
 
 def test_a_pairing_file_of_one_split_is_refused_for_research_runs(tmp_path):

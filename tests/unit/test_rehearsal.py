@@ -214,6 +214,22 @@ def test_summary_passes_on_a_complete_rehearsal_and_gives_the_epoch_minutes(tmp_
     assert any("resources.train_stage1.epoch_minutes: 5.0" in line for line in rehearsal.lines(summary))
 
 
+def test_the_summary_of_a_grids_rehearsal_names_the_run_it_tried(tmp_path):
+    from vcloud.cli import main
+    from vcloud.runtime import rehearsal
+
+    _fake_run(tmp_path / "results", tmp_path / "logs", resumed=True)
+    out = tmp_path / "rehearsal.json"
+    argv = ["rehearsal-summary", "--results", str(tmp_path / "results"), "--logs", str(tmp_path / "logs")]
+    argv += ["--config", str(REPO / "tests/workflow/tiny_models.yaml"), "--out", str(out)]
+    assert main([*argv, "--experiment", "s3_long", "--seed", "3"]) == 0
+    summary = __import__("json").loads(out.read_text())
+    assert summary["passed"] and summary["run"] == {"experiment": "s3_long", "seed": 3}
+    assert "  rehearsed one run of the grid: experiment s3_long, seed 3" in rehearsal.lines(summary)
+    assert main(argv) == 0  # a single run's rehearsal: no run named
+    assert __import__("json").loads(out.read_text())["run"] is None
+
+
 def test_summary_fails_without_the_resume_or_the_transport(tmp_path):
     from vcloud.runtime import rehearsal
 

@@ -3,6 +3,7 @@ plans the run on it with the site's partitions, typed GPU GRES and `--nv` on the
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 import sys
@@ -130,3 +131,59 @@ def test_the_new_site_rehearses_on_its_gpu_partition_with_its_transport(tmp_path
     argv = shlex.split(line.split(" > ")[0])[1:]
     assert "--miopen-cache" not in argv
     build_parser().parse_args(argv)  # exits 2 on a malformed line
+
+
+def test_a_rehearsal_of_a_grid_plans_one_run_of_it(tmp_path):
+    """A run file with experiments and seeds, rehearsed: the jobs of one run (compare's baseline,
+    its first seed, at the rehearsal's epochs), not the grid's, and the summary names that run."""
+    repo = copy_worktree(tmp_path / "repo")
+    (repo / "config" / "sites" / "kestrel.yaml").write_text(yaml.safe_dump(NEW_SITE, sort_keys=False))
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for name in ("s1_africa", "s2_africa", "s1_africa_test", "s2_africa_test"):
+        (raw / f"{name}.tar.gz").write_bytes(b"")
+    run = {"data": {"raw": str(raw)}, "synthetic": {"enabled": False}}
+    run["cluster"] = {"site": "kestrel", "account": "grp042", "gpu_hour_budget": 100}
+    run["experiments"] = [
+        {"name": "base"},
+        {"name": "s3_long", "overrides": {"stage3": {"train": {"lr": 1.0e-4, "epochs": 300}}}},
+        {"name": "no_s1", "overrides": {"data": {"s1_dropout": 0.0}}},
+    ]
+    run["seeds"] = [7, 8]
+    run["compare"] = {"baseline": "s3_long"}
+    (repo / "config" / "kestrel.yaml").write_text(yaml.safe_dump(run))
+    made = subprocess.run(
+        [sys.executable, "-m", "vcloud.cli", "profile", "--site", "kestrel"], cwd=repo, capture_output=True, text=True
+    )
+    assert made.returncode == 0, made.stderr
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--profile",
+        "kestrel",
+        "-n",
+        "-p",
+        "--directory",
+        str(tmp_path / "w"),
+    ]
+    command += ["--configfile", "config/kestrel.yaml", "config/rehearsal.yaml"]
+    proc = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600, env=stand_in_env(tmp_path))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    table = out.split("job ", 1)[1].split("total", 1)[0]
+    counts = {name: int(n) for name, n in re.findall(r"^(\w+)\s+(\d+)$", table, flags=re.M)}
+    # One run: each stage trained once, scored on test and val (a research run's), one stage table,
+    # one model config written; the grid would train stage 3 six times and stage 0 four.
+    assert all(counts[f"train_stage{n}"] == 1 and counts[f"evaluate_stage{n}"] == 2 for n in range(4)), counts
+    assert counts["run_config"] == 1 and counts["report_tables"] == 1 and counts["compare"] == 1, counts
+    assert counts["rehearsal_summary"] == 1 and counts["rehearse_transport"] == 1, counts
+    stage3 = next(line for line in out.splitlines() if "vcloud train --stage 3" in line)
+    assert "--config results-rehearsal/model.yaml" in stage3 and "--out results-rehearsal/stage3" in stage3, stage3
+    config = next(line for line in out.splitlines() if "vcloud run-config" in line)
+    assert '"lr": 0.0001' in config and '"seed": 7' in config and "300" not in config, config  # not its epochs
+    summary = next(line for line in out.splitlines() if "vcloud rehearsal-summary" in line)
+    assert "--experiment s3_long --seed 7" in summary and "--config results-rehearsal/model.yaml" in summary
+    argv = shlex.split(summary[summary.index("vcloud rehearsal-summary") :].split(" > ")[0])[1:]
+    assert build_parser().parse_args(argv).experiment == "s3_long"
+    assert "results-rehearsal/s3_long" not in out and "results-rehearsal/base" not in out

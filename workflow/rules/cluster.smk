@@ -106,9 +106,13 @@ def get_retries(rule_name):
         # allocation after the warning (measured: a second step, killed at the time limit).
         # Snakemake >= 9.14.1 does this for --retries; the rule directive needs it here.
         return 0
-    try:  # the numbers the doctor's bill uses for the worst case
+    try:  # the numbers the doctor's bill uses for the worst case; a grid's: the most epochs'
         return rule_retries(
-            rule_name, get_rule_resources(rule_name), CLUSTER, MODEL_SET, EPOCH_MINUTES
+            rule_name,
+            get_rule_resources(rule_name),
+            CLUSTER,
+            [run.model_set for run in RUNS],
+            EPOCH_MINUTES,
         )
     except ConfigError as err:
         raise WorkflowError(f"resources.{rule_name}: {err}") from None

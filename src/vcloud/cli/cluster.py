@@ -97,6 +97,8 @@ def add_rehearsal_summary(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--train-store", type=Path, help="the real training split store (its locations per epoch)")
     p.add_argument("--transport", type=Path, help="rccl-check's report (absent: the transport check did not run)")
     p.add_argument("--miopen-cache", help="MIOPEN_USER_DB_PATH of the runtime environment")
+    p.add_argument("--experiment", help="a grid's rehearsal: the experiment of the one run it tried")
+    p.add_argument("--seed", type=int, help="a grid's rehearsal: that run's seed")
     p.add_argument("--out", type=Path, required=True, help="summary JSON, written only when the rehearsal passed")
     p.set_defaults(func=run_rehearsal_summary)
 
@@ -130,6 +132,7 @@ def run_rehearsal_summary(args: argparse.Namespace) -> None:
         transport=args.transport,
         full_samples_per_epoch=rehearsal.full_epoch_samples(args.config, args.full_config, max(locations, 1)),
         stage1_estimate_gb=estimate,
+        run={"experiment": args.experiment, "seed": args.seed} if args.experiment else None,
     )
     print("\n".join(rehearsal.lines(summary)))
     if not summary["passed"]:  # beside the output, for the doctor: never taken as done

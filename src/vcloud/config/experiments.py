@@ -12,13 +12,16 @@ have (`results/stage<n>/...`); with either, each run's files lie under
 identity an earlier run (table order: experiments, then seeds) already has is read from that
 run's folder instead of being made again (vcloud.workflow.run_paths; docs/workflow.md,
 "Experiments and seeds").
+A rehearsal (`rehearsal.enabled`) of such a config tries one run of it, not the grid: the
+experiment `rehearsal.experiment` names (else compare's baseline) under the first seed, with the
+rehearsal's epochs and samples, its files where a single run's lie (rehearsed_run).
 Every problem is one ConfigError naming the key, raised while the workflow is parsed.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from vcloud.config.coerce import from_dict
@@ -37,9 +40,12 @@ RESERVED_NAMES = frozenset(
 # the evaluation section, which fixes the protocols' samples that every run is scored on.
 SHARED_MODEL_KEYS = ("name", "evaluation")
 # What a single run does and a grid of runs does not: (config section, why), refused together.
-SINGLE_RUN_KEYS = (
-    ("rehearsal", "a rehearsal tries one run on the cluster, not a grid of experiments and seeds"),
-    ("predict", "predictions apply one run's model, not a grid's"),
+SINGLE_RUN_KEYS = (("predict", "predictions apply one run's model, not a grid's"),)
+# What the rehearsal's model config (config/models/rehearsal.yaml) sets for a short run, and an
+# experiment's changes of which a rehearsal leaves out: it tries the experiment's settings for one
+# short epoch per stage, not its schedule (an experiment's 200 epochs would not fit dev-g's 3 h).
+REHEARSAL_SIZES = ("data.samples_per_epoch", "data.val_samples") + tuple(
+    f"{stage.name}.train.{key}" for stage in STAGES for key in ("epochs", "samples_per_epoch")
 )
 # The experiment a run without an `experiments:` table belongs to (several seeds of one config).
 DEFAULT_EXPERIMENT = "base"
@@ -62,12 +68,15 @@ def is_research(config: dict) -> bool:
 
 
 def plan_runs(config: dict, model_config: Path) -> list[Run]:
-    """The runs of a (validated) workflow config over the model config `model_config`."""
+    """The runs of a (validated) workflow config over the model config `model_config`; a
+    rehearsal's (rehearsal.enabled) the one run of the grid it tries."""
     base = model_config_data(Path(model_config))
     experiments = _experiments(config, base)
     seeds = _seeds(config)
     if not is_research(config):
-        return [Run(DEFAULT_EXPERIMENT, None, "", {}, _model_set(base, {}, "model_config"))]
+        single = Run(DEFAULT_EXPERIMENT, None, "", {}, _model_set(base, {}, "model_config"))
+        rehearsed_run(config, [single])  # a rehearsal.experiment other than the one run's is refused
+        return [single]
     for key, what in SINGLE_RUN_KEYS:
         if (config.get(key) or {}).get("enabled"):
             raise ConfigError(f"{key}.enabled: {what}; leave experiments and seeds out of its config")
@@ -83,7 +92,59 @@ def plan_runs(config: dict, model_config: Path) -> list[Run]:
             f"{model_config}: evaluation.uncrtaints.pairs: research runs score the val split too, and a "
             "pairing file is one split's; leave it null (the pairs computed from each store)"
         )
+    chosen = rehearsed_run(config, runs)
+    if (config.get("rehearsal") or {}).get("enabled"):
+        changes, _ = _without_sizes(chosen.changes)
+        return [replace(chosen, prefix="", changes=changes, model_set=_model_set(base, changes, "rehearsal"))]
     return runs
+
+
+def rehearsed_run(config: dict, runs: list[Run]) -> Run:
+    """The run of the grid `runs` a rehearsal tries: the first seed of `rehearsal.experiment`,
+    else of compare's baseline (the experiment the others are judged against)."""
+    names = list(dict.fromkeys(run.experiment for run in runs))
+    chosen = (config.get("rehearsal") or {}).get("experiment")
+    if chosen is None:
+        chosen = baseline(config, runs)
+    elif chosen not in names:
+        raise ConfigError(f"rehearsal.experiment: {chosen!r} is not an experiment ({', '.join(names)})")
+    return next(run for run in runs if run.experiment == chosen)
+
+
+def rehearsal_note(config: dict, model_config: Path) -> str | None:
+    """What a rehearsal of a research config tries, for its bill and summary; None otherwise."""
+    if not ((config.get("rehearsal") or {}).get("enabled") and is_research(config)):
+        return None
+    grid = plan_runs({**config, "rehearsal": {**config["rehearsal"], "enabled": False}}, model_config)
+    run = rehearsed_run(config, grid)
+    experiments = len({r.experiment for r in grid})
+    seed = "the model config's seeds" if run.seed is None else f"seed {run.seed}"
+    how = "rehearsal.experiment" if (config.get("rehearsal") or {}).get("experiment") else "compare's baseline"
+    _, left_out = _without_sizes(run.changes)
+    sizes = f"; its {', '.join(left_out)} left to the rehearsal's" if left_out else ""
+    return (
+        f"one run of the grid: experiment {run.experiment} ({how}), {seed}, of {experiments} "
+        f"experiments x {len(grid) // experiments} seeds{sizes}"
+    )
+
+
+def _without_sizes(changes: dict) -> tuple[dict, list[str]]:
+    """(changes without the rehearsal's sizes REHEARSAL_SIZES, the dotted keys left out)."""
+    left_out = []
+
+    def strip(node: dict, where: str) -> dict:
+        out = {}
+        for key, value in node.items():
+            dotted = f"{where}.{key}" if where else key
+            if dotted in REHEARSAL_SIZES:
+                left_out.append(dotted)
+            elif isinstance(value, dict):
+                out[key] = strip(value, dotted)
+            else:
+                out[key] = value
+        return out
+
+    return strip(changes, ""), sorted(left_out)
 
 
 def baseline(config: dict, runs: list[Run]) -> str:
@@ -188,18 +249,23 @@ def write_run_config(base: Path, changes: dict, out: Path) -> ModelSetConfig:
     return model_set
 
 
+def model_config_path(config: dict) -> Path:
+    """config.model_config, relative to the working directory, else to this repository (as the
+    workflow's get_model_config)."""
+    path = Path(config["model_config"])
+    if not path.is_absolute() and not path.exists():
+        path = Path(__file__).resolve().parents[3] / path
+    return path
+
+
 def research_plan(config: dict) -> tuple[list[Run], list] | None:
     """(runs, their RunPaths) of a research config as the workflow plans them, for the bill and
-    the data budget; None for a single run. model_config relative to the working directory,
-    else to this repository (as the workflow's)."""
+    the data budget (a rehearsal's: its one run); None for a single run."""
     from vcloud.workflow import run_paths
 
     if not is_research(config):
         return None
-    path = Path(config["model_config"])
-    if not path.is_absolute() and not path.exists():
-        path = Path(__file__).resolve().parents[3] / path
-    runs = plan_runs(config, path)
+    runs = plan_runs(config, model_config_path(config))
     paths = config["paths"]
     return runs, run_paths(
         runs, prepared=paths["prepared"], results=paths["results"], patch_size=config["data"]["patch_size"]

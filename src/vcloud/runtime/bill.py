@@ -12,6 +12,11 @@ wall times of those jobs; any other rule its wall time, since nothing estimates 
 Worst case: every attempt the workflow allows (retries + 1, with the retries `get_retries` of
 workflow/rules/cluster.smk gives the rule: `rule_retries` below) runs to its full wall time.
 
+Research runs (experiments x seeds): a stage's training is billed once per identity (the runs that
+train it; the others read its best.pt), each at its own run's epochs: an experiment that changes
+`stage<n>.train.epochs` is billed on a line of its own (`training_groups`). A rule's retries are
+one number for all its jobs (a `retries:` directive), enough for the run with the most epochs.
+
 Host-side only (a LUMI login node): no torch, no numpy.
 """
 
@@ -49,6 +54,8 @@ class RuleBill:
     basis: str = ""  # how expected_hours was found
     attempts: int = 1  # retries + 1
     runtime_hours: float = 0.0  # requested wall time of one attempt
+    starts: int = 1  # submissions one job needs, expected (a training's: enough for its epochs)
+    partition: str = ""  # where its jobs queue
 
     @property
     def expected(self) -> float:
@@ -149,22 +156,52 @@ def rule_jobs(config: dict, model_set=None) -> dict[str, tuple[int, str]]:
 def rule_retries(rule: str, res: RuleResources, cluster: Cluster, model_set, epoch_minutes: dict | None = None) -> int:
     """The retries the workflow gives the rule on a cluster (get_retries in cluster.smk): a
     training rule enough resubmissions for its epochs plus cluster.spare_retries; the other
-    rules with a `retries:` directive spare_retries; the rest none. ConfigError from a wall
-    time that leaves no training time."""
+    rules with a `retries:` directive spare_retries; the rest none. `model_set` may be a list
+    (every research run's): the retries of the one with the most epochs. ConfigError from a
+    wall time that leaves no training time."""
     if rule not in RETRIED_RULES:
         return 0
     stage = next((s for s in STAGES if s.train_rule == rule), None)
     minutes = (epoch_minutes or {}).get(rule) or res.epoch_minutes
     if stage is None or minutes is None or model_set is None:
         return cluster.spare_retries
-    return retries_needed(
-        epochs=getattr(model_set, stage.name).train.epochs,
-        epoch_minutes=minutes,
-        runtime=res.runtime,
-        signal_seconds=cluster.signal_seconds,
-        restart_minutes=cluster.restart_minutes,
-        spare=cluster.spare_retries,
+    model_sets = model_set if isinstance(model_set, (list, tuple)) else [model_set]
+    return max(
+        retries_needed(
+            epochs=getattr(one, stage.name).train.epochs,
+            epoch_minutes=minutes,
+            runtime=res.runtime,
+            signal_seconds=cluster.signal_seconds,
+            restart_minutes=cluster.restart_minutes,
+            spare=cluster.spare_retries,
+        )
+        for one in model_sets
     )
+
+
+def training_groups(config: dict) -> dict[str, list[tuple[int, object, str]]]:
+    """train rule -> [(jobs, model set, which runs)] of a research config: the runs that train the
+    stage (one per identity: vcloud.workflow.makers), grouped by that stage's epochs in each run's
+    model set, in table order; {} for a single run (the model set given to the bill)."""
+    from vcloud.config.experiments import research_plan
+    from vcloud.workflow import makers
+
+    plan = research_plan(config)
+    if plan is None:
+        return {}
+    runs, paths = plan
+    out = {}
+    for stage in STAGES:
+        trained = set(makers(runs, paths, f"stage{stage.number}"))
+        groups: dict[int, list] = {}
+        for run in runs:
+            if run.prefix in trained:
+                groups.setdefault(getattr(run.model_set, stage.name).train.epochs, []).append(run)
+        out[stage.train_rule] = [
+            (len(group), group[0].model_set, ", ".join(dict.fromkeys(run.experiment for run in group)))
+            for group in groups.values()
+        ]
+    return out
 
 
 def _expected(rule, res, cluster, model_set, epoch_minutes, retries) -> tuple[float, str]:
@@ -199,6 +236,7 @@ def rule_bills(
 ) -> tuple[list[RuleBill], list[str]]:
     """(one bill per resources key, problems: one line each) for the config's rules."""
     fan_out = rule_jobs(config, model_set)
+    groups = training_groups(config)
     bills, problems = [], []
     for rule in config["resources"]:
         jobs, why = fan_out.get(rule, (1, ""))
@@ -212,27 +250,39 @@ def rule_bills(
         part = cluster.partitions.get(res.partition)
         if part is None:
             continue  # named by the doctor's check_resources
+        # A single run's trainings at the model set's epochs; a grid's at each training run's own.
+        parts = groups.get(rule) or [(jobs, model_set, "")]
         try:
-            retries = rule_retries(rule, res, cluster, model_set, epoch_minutes)
+            retries = rule_retries(rule, res, cluster, [m for _, m, _ in parts if m is not None] or None, epoch_minutes)
         except ConfigError as err:
             problems.append(f"resources.{rule}.runtime: {err}")
             retries = cluster.spare_retries
-        hours, basis = _expected(rule, res, cluster, model_set, epoch_minutes, retries)
         bill = billing(res, part, cluster)
-        bills.append(
-            RuleBill(
-                rule,
-                jobs,
-                why,
-                unit=bill.unit,
-                per_hour=bill.per_hour,
-                formula=bill.formula,
-                expected_hours=hours,
-                basis=basis,
-                attempts=retries + 1,
-                runtime_hours=res.runtime / 60,
+        for count, run_model_set, experiments in parts:
+            own = retries  # the expected jobs: what this group's epochs need
+            if len(parts) > 1:
+                try:
+                    own = rule_retries(rule, res, cluster, run_model_set, epoch_minutes)
+                except ConfigError:
+                    pass  # named above
+            hours, basis = _expected(rule, res, cluster, run_model_set, epoch_minutes, own)
+            needs_epochs = not basis.startswith("wall time")  # a training whose epochs set its jobs
+            bills.append(
+                RuleBill(
+                    rule,
+                    count,
+                    f"{why}; trained by {experiments}" if len(parts) > 1 else why,
+                    unit=bill.unit,
+                    per_hour=bill.per_hour,
+                    formula=bill.formula,
+                    expected_hours=hours,
+                    basis=basis,
+                    attempts=retries + 1,
+                    runtime_hours=res.runtime / 60,
+                    starts=own - cluster.spare_retries + 1 if needs_epochs else 1,
+                    partition=res.partition,
+                )
             )
-        )
     return bills, problems
 
 

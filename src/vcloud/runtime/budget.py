@@ -264,10 +264,13 @@ def data_budget(config: dict, model_set=None) -> Budget:
     )
     budget.items.append(Item("viewer and report", results, viewer + 12, viewer << 16, estimated=True))
     archives = sum(1 for item in budget.items if item.what == "raw archives")
-    jobs = len(wanted) + archives + len(SPLITS) + 4 + 4 + 5
-    budget.items.append(
-        Item("logs and benchmarks", Path("logs"), LOG_FILES_PER_JOB * jobs, LOG_BYTES_PER_JOB * jobs, estimated=True)
-    )
+    data_jobs = len(wanted) + archives + len(SPLITS)
+    jobs, logs = data_jobs + 4 + 4 + 5, "logs and benchmarks"
+    if plan is not None:  # every run's trainings, evaluations, fixed protocols, wind cache, tables
+        runs = len(plan[0])  # and model config (run_config), then compare and the accounting
+        jobs = data_jobs + sum(count for count, _ in fan_out.values()) + runs + 2
+        logs += f" ({jobs:,} jobs of {runs} runs)"
+    budget.items.append(Item(logs, Path("logs"), LOG_FILES_PER_JOB * jobs, LOG_BYTES_PER_JOB * jobs, estimated=True))
     return budget
 
 

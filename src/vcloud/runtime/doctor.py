@@ -261,6 +261,7 @@ def billed_hours(
     price per hour x the hours of one job, expected (epoch times, else the wall time) and in
     the worst case (every attempt the workflow allows at its full wall time). Over the budget
     in the worst case is a warning; expected over it, an error."""
+    from vcloud.config.experiments import model_config_path, rehearsal_note
     from vcloud.runtime.bill import line, rule_bills, totals
 
     bills, problems = rule_bills(
@@ -283,6 +284,8 @@ def billed_hours(
         f"Bill per rule ({how}): jobs x price x hours, expected "
         "and worst case (retries + 1 attempts at the full wall time):"
     )
+    if note := rehearsal_note(config, model_config_path(config)):  # a grid's rehearsal: its one run
+        report.lines.append(f"  the rehearsal: {note}")
     report.lines += [line(bill) for bill in bills]
     sums = totals(bills)
     unit = cluster.billing_unit
@@ -317,6 +320,56 @@ def billed_hours(
     return bills
 
 
+# Under `vcloud submit` the controller is a job of the same user on the CPU partition, and at its
+# wall-time warning it submits the next controller before it stops its jobs
+# (runtime/controller.py, Controller.stop): two controllers beside the run's jobs for a while.
+CONTROLLER_JOBS = 2
+
+
+def check_job_count(cluster: Cluster, report: Report, bills=()) -> None:
+    """The jobs the run submits in all (the bill's jobs, each training as often as its epochs
+    need) and the most queued at once: `cluster.jobs` (the profile's `jobs`), fewer on a
+    partition where the run has fewer or a `max_running` resource caps them, plus the
+    controllers on the CPU partition. Over a partition's `max_submit` or the site's
+    `cluster.max_submit` (jobs of one user queued or running at once) is an error: SLURM refuses
+    the submissions beyond it, and every refusal uses up one of the rule's attempts."""
+    billed = [b for b in bills if b.jobs]
+    if not billed:
+        return
+    first = sum(b.jobs for b in billed)
+    expected = sum(b.jobs * b.starts for b in billed)
+    worst = sum(b.jobs * b.attempts for b in billed)
+    controller = cluster.placement.get("cpu") or "small"
+    limit = cluster.jobs
+    resubmitted = f" ({first:,} rule jobs, trainings resubmitted for their epochs)" if expected != first else ""
+    report.lines.append(
+        f"Jobs: {expected:,} submitted over the run{resubmitted}, {worst:,} if every retry is used; at most "
+        f"{limit} queued at once (cluster.jobs) + {CONTROLLER_JOBS} controllers under `vcloud submit` ({controller})"
+    )
+    on: dict[str, int] = {}
+    for bill in billed:
+        on[bill.partition] = on.get(bill.partition, 0) + bill.jobs
+    on.setdefault(controller, 0)
+    fix = "lower cluster.jobs (the site file's `jobs:`) and run `vcloud profile`"
+    for name, jobs in on.items():
+        part = cluster.partitions.get(name)
+        if part is None or part.max_submit is None:
+            continue
+        at_once = min(limit, jobs, part.max_running or jobs)
+        extra = CONTROLLER_JOBS if name == controller else 0
+        if at_once + extra > part.max_submit:
+            plus = f" + {extra} controllers" if extra else ""
+            report.errors.append(
+                f"cluster.jobs: {at_once} jobs{plus} queued at once on {name}, more than {cluster.title}'s "
+                f"{part.max_submit} jobs of a user there (partitions.{name}.max_submit); {fix}"
+            )
+    if cluster.max_submit is not None and min(limit, first) + CONTROLLER_JOBS > cluster.max_submit:
+        report.errors.append(
+            f"cluster.jobs: {min(limit, first)} jobs + {CONTROLLER_JOBS} controllers queued at once, more than "
+            f"{cluster.title}'s {cluster.max_submit} jobs of a user (cluster.max_submit); {fix}"
+        )
+
+
 def check_resubmission(
     config: dict,
     model_set,
@@ -331,6 +384,9 @@ def check_resubmission(
         "writes latest.pt and exits 3. SLURM requeues only on node failure or preemption; a "
         "timeout or exit 3 is resubmitted by snakemake, up to each rule's retries:"
     )
+    from vcloud.runtime.bill import training_groups
+
+    run_model_sets = {rule: [m for _, m, _ in groups] for rule, groups in training_groups(config).items()}
     for stage in STAGES:
         rule = stage.train_rule
         if rule not in config["resources"]:
@@ -342,7 +398,8 @@ def check_resubmission(
                 f"half of {rule}'s {res.runtime} min wall time"
             )
             continue
-        epochs = getattr(model_set, stage.name).train.epochs
+        # A grid's trainings of the stage: the retries of the one with the most epochs (the rule's).
+        epochs = max(getattr(m, stage.name).train.epochs for m in run_model_sets.get(rule, [model_set]))
         measured = (epoch_minutes or {}).get(rule)
         minutes = measured or res.epoch_minutes
         if minutes is None:
@@ -416,7 +473,11 @@ def check_site(
     errors, warnings = site_checks.check_images(cluster, sorted(p for p in used if p in cluster.partitions))
     report.errors += errors
     report.warnings += [w for w in warnings if "cannot be read here" not in w]  # the login node may lack it
-    run_hours = sum(b.expected_hours for b in bills if b.rule in TRAIN_RULES and b.jobs)
+    longest: dict[str, float] = {}  # a stage's trainings of a grid run side by side: its longest
+    for b in bills:
+        if b.rule in TRAIN_RULES and b.jobs:
+            longest[b.rule] = max(longest.get(b.rule, 0.0), b.expected_hours)
+    run_hours = sum(longest.values())
     errors, warnings = site_checks.check_purge(config, cluster, Path(cwd or "."), run_hours)
     report.errors += errors
     report.warnings += warnings
@@ -605,6 +666,7 @@ def preflight(
         check_memory(model_set, cluster, report, partitions=placement or None)
     check_resubmission(config, model_set, cluster, report, overrides, epoch_minutes)
     bills = billed_hours(config, cluster, report, overrides, model_set=model_set, epoch_minutes=epoch_minutes)
+    check_job_count(cluster, report, bills)
     check_site(config, cluster, report, overrides, bills=bills, cwd=cwd)
     from vcloud.runtime.budget import check_budget  # data budget against cluster.quotas
 

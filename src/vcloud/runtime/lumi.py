@@ -78,6 +78,7 @@ class Partition:
     full_nodes: bool  # whole nodes are allocated (and billed): ask for every GCD of them
     whole_nodes_on: str | None = None  # a job asking for a whole node goes there instead
     max_running: int | None = None  # a user's jobs running at once (dev-g: 1)
+    max_submit: int | None = None  # a user's jobs queued or running at once (dev-g: 2); None: unknown
     arch: str = "x86_64"  # CPU architecture of its nodes: the image must be built for it
     min_gpus: int = 0  # GPUs a job must ask for at least (Olivia's accel: 1)
     cpus_per_node: int | None = None  # cores a job may use on one node (LUMI-G: 56)
@@ -133,6 +134,7 @@ class Cluster:
     home_bytes: float | None = None
     host_installs: bool = True  # False: snakemake and vcloud run from the image (runtime/image_run.py)
     slurm_binds: tuple[str, ...] = ()  # the SLURM client, bound into the image where snakemake runs there
+    max_submit: int | None = None  # a user's jobs queued or running at once on the whole site; None: unknown
 
     @classmethod
     def from_config(cls, config: dict) -> Cluster | None:
@@ -180,6 +182,7 @@ class Cluster:
             home_bytes=section.get("home_bytes"),
             host_installs=bool(section.get("host_installs", True)),
             slurm_binds=tuple(_expand(b, account) for b in section.get("slurm_binds") or ()),
+            max_submit=section.get("max_submit"),
         )
 
     # --- container -----------------------------------------------------------------------

@@ -9,6 +9,8 @@ collectives' transport (RCCL or NCCL), and the time per sample of each stage, tu
 epoch minutes of the full run for the site's run file. It passes when every stage finished, one resumed after the
 forced warning, and the transport check passed (when it ran). `vcloud doctor` recommends the
 rehearsal until a passing summary exists for the current environment image.
+A rehearsal of a grid (experiments, seeds) tries one run of it (vcloud.config.experiments.
+rehearsed_run); its summary names that run's experiment and seed.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def summarize(
     transport: Path | None,
     full_samples_per_epoch: dict[str, int] | None = None,
     stage1_estimate_gb: float | None = None,
+    run: dict | None = None,
 ) -> dict:
     stages = {stage.name: stage_summary(results=Path(results), logs=Path(logs), stage=stage) for stage in STAGES}
     transport_report = json.loads(Path(transport).read_text()) if transport and Path(transport).is_file() else None
@@ -95,6 +98,7 @@ def summarize(
     return {
         "passed": not problems,
         "problems": problems,
+        "run": run,  # a grid's rehearsal: {"experiment", "seed"} of the one run tried; None: a single run
         "stamp": stamp,
         "gpus_visible": devices,
         "gpu_runtime": runtime,
@@ -111,6 +115,9 @@ def lines(summary: dict) -> list[str]:
     """The summary for people (the rule's log)."""
     out = [f"rehearsal: {'PASSED' if summary['passed'] else 'FAILED'}"]
     out += [f"  problem: {p}" for p in summary["problems"]]
+    if run := summary.get("run"):
+        seed = "" if run.get("seed") is None else f", seed {run['seed']}"
+        out.append(f"  rehearsed one run of the grid: experiment {run['experiment']}{seed}")
     runtime = (summary["gpu_runtime"] or "none seen").replace("hip", "HIP").replace("cuda", "CUDA")
     out.append(f"  GPUs visible {summary['gpus_visible']}, GPU runtime {runtime}, image {summary['stamp']}")
     cache = f"MIOpen cache {summary['miopen_cache']}, " if summary["miopen_cache"] else ""
