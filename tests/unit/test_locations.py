@@ -191,3 +191,33 @@ def test_a_split_takes_one_source(own_store, tiny_store, tmp_path):
     with pytest.raises(BadInputError, match=r"a split takes SEN12MS-CR-TS or your own imagery, not both$"):
         assemble([tiny_store, own_store], tmp_path / "mixed.zarr")
     assert not (tmp_path / "mixed.zarr").exists()
+
+
+def test_a_series_of_three_dates_feeds_a_model_of_four_input_dates(tiny_raw_master, tmp_path, small):
+    """A location of 3 dates in a store of 6 (a longer location beside it sets the time axis), under
+    the small config's T = 4: every sampler repeats its dates, never reads an absent one."""
+    from tests.unit.test_cloud_masks import _scl_layers
+    from tests.unit.test_folder import S2_DATES, _images, _write
+    from vcloud.data.prepare import prepare_roi
+    from vcloud.data.samples import CloudySamples
+    from vcloud.evaluation.protocols import reference_samples
+
+    root = tmp_path / "short"
+    s2 = _images(tiny_raw_master, "s2")
+    # dates 0 (clear), 1 (thick) and 2 (thin, all cirrus)
+    for (data, georef), date, layer in list(zip(s2, S2_DATES, _scl_layers()))[:3]:
+        _write(root / "S2" / f"T32TQM_{date}.tif", data, georef)
+        _write(root / "SCL" / f"SCL_{date}.tif", layer[None], georef)
+    store = tmp_path / "short.zarr"
+    prepare_roi(raw=root, roi=RoiId("ROIs9000", 1), out=store, times=6, size=32)
+    assert small.data.input_dates == 4
+    cloudy = CloudySamples(store, dates=small.data.input_dates, seed=0, clear_max_cover=0.05)
+    for index in range(8):
+        _, target, dates, slot, _ = cloudy.pick(index)
+        assert target == 0 and dates[slot] == 0 and len(dates) == 4 and set(dates) <= {0, 1, 2}
+        assert cloudy[index]["x"].shape[0] == 4
+    reference = reference_samples(store, small)
+    assert len(reference) == 1
+    _, truth, dates, _ = reference.items[0]
+    assert truth == 0 and len(dates) == 4 and set(dates) <= {1, 2}
+    assert reference[0]["x"].shape[0] == 4

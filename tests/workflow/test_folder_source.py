@@ -1,0 +1,128 @@
+"""data.source: folder — your own locations through the whole workflow (docs/data.md, "Your own
+locations"): the plan, its one-line refusals, and one real run of the chain with tiny models on a
+folder of four locations in the plain-folder layout (tests/workflow/folder_locations.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.workflow.folder_locations import write_locations
+from tests.workflow.snakemake_run import ROOT, run
+
+pytestmark = pytest.mark.workflow
+
+# alpha: two tiles (scenes) of 6 dates; bravo: a series of 3 dates; charlie 5, delta 6.
+PLAN = {"alpha": (6, 2), "bravo": (3, 1), "charlie": (5, 1), "delta": (6, 1)}
+SPLITS = {"train": ["alpha", "bravo"], "val": ["charlie"], "test": ["delta"]}
+
+
+def _config(work, folder, **data) -> list[str]:
+    config = {
+        "data": {
+            "source": "folder",
+            "folder": str(folder),
+            "patch_size": 32,
+            "s1_max_days": 3,  # every other date's S1 is 4 days off (folder_locations.py): left out
+            "locations": SPLITS,
+            **data,
+        },
+        "synthetic": {"enabled": False},
+        "model_config": str(ROOT / "tests/workflow/tiny_models.yaml"),
+        "predict": {"enabled": True},
+    }
+    (work / "folder.yaml").write_text(yaml.safe_dump(config))
+    return ["--configfile", "folder.yaml", "-d", str(work)]
+
+
+def _names_only(folder):
+    """The locations as the parse-time checks see them: dated S2 file names, never opened."""
+    for name, (dates, tiles) in PLAN.items():
+        for tile in range(tiles):
+            s2 = folder / name / (f"tile{tile}" if tiles > 1 else "") / "S2"
+            s2.mkdir(parents=True)
+            for day in range(dates):
+                (s2 / f"T32TQM_201803{day + 1:02d}.tif").write_bytes(b"")
+    return folder
+
+
+def test_the_plan_prepares_each_location_and_assembles_its_split(tmp_path):
+    folder = _names_only(tmp_path / "mine")
+    plan = run(["-n", "-p", *_config(tmp_path, folder)], cwd=tmp_path).stdout
+    prepares = sorted(line for line in plan.splitlines() if line.startswith("Shell command: vcloud prepare"))
+    assert len(prepares) == 4 and plan.count("rule index_archive:") == 0 and "rule synth_raw:" not in plan
+    for number, name in enumerate(sorted(PLAN), start=1):
+        line = next(p for p in prepares if f"--out results/prepared/rois/{name}.zarr" in p)
+        assert f"--raw {folder / name} " in line and f"--roi ROIs9000/{number} " in line
+        assert "--times 6 " in line and "--s1-max-days 3 " in line  # the longest series; the S1 window
+    for split, names in SPLITS.items():
+        stores = " ".join(f"results/prepared/rois/{name}.zarr" for name in names)
+        assert f"vcloud assemble --out results/prepared/{split}.zarr {stores} >" in plan
+    assert "vcloud predict --stage 3 --store results/prepared/rois/delta.zarr" in plan
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"locations": {**SPLITS, "val": ["charlie", "alpha"]}},
+            "data.locations.val: 'alpha' listed also in data.locations.train",
+        ),
+        ({"locations": {**SPLITS, "test": ["echo"]}}, "data.locations.test: 'echo': no folder "),
+    ],
+)
+def test_a_bad_location_stops_the_dry_run_in_one_line(tmp_path, change, message):
+    folder = _names_only(tmp_path / "mine")
+    proc = run(["-n", *_config(tmp_path, folder, **change)], cwd=tmp_path, check=False)
+    assert proc.returncode != 0
+    assert message in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow  # the whole chain with tiny models: ~2.5 min on the 2-core machine
+def test_the_chain_trains_scores_predicts_and_bundles_your_own_locations(tmp_path):
+    from vcloud.data.store import open_store
+
+    folder = write_locations(tmp_path / "mine", PLAN)
+    work = tmp_path / "work"
+    work.mkdir()
+    run(["--cores", "2", *_config(work, folder)], cwd=work)
+
+    # every location in exactly its split, each of its patches (alpha's two scenes) with it
+    expected = {"train": ["ROIs9000_1_p0", "ROIs9000_1_p1", "ROIs9000_2_p0"], "val": ["ROIs9000_3_p0"]}
+    expected["test"] = ["ROIs9000_4_p0"]
+    stores = {split: open_store(work / f"results/prepared/{split}.zarr") for split in SPLITS}
+    assert {split: [str(v) for v in ds["location"].values] for split, ds in stores.items()} == expected
+    for name in PLAN:
+        store = open_store(work / f"results/prepared/rois/{name}.zarr")
+        assert store.attrs["source"] == f"plain folder {folder / name}"
+        assert store.attrs["cloud_mask"]["source"] == "scl"
+    train = stores["train"]
+    assert train.sizes["time"] == 6
+    assert train["valid_s2"].values[2].tolist() == [True] * 3 + [False] * 3  # bravo: its 3 dates
+    # S1 4 days off every other date: outside data.s1_max_days 3, those dates are kept without S1
+    assert train["valid_s1"].values[0].tolist() == [True, False] * 3
+
+    for stage in range(4):  # stages 0-3 trained
+        assert (work / f"results/stage{stage}/best.pt").is_file()
+        assert (work / f"results/stage{stage}/metrics.jsonl").read_text().strip()
+    with np.load(work / "results/eval/fixed_protocol.npz") as npz:
+        assert json.loads(str(npz["meta"]))["target_probability"] == "simulated"
+    for stage in (1, 2, 3):
+        protocols = json.loads((work / f"results/eval/stage{stage}.json").read_text())["protocols"]
+        for name in ("fixed", "reference"):  # simulated clouds on SCL-clear dates; natural pairs
+            assert protocols[name]["samples"] > 0
+            assert np.isfinite(protocols[name]["model"]["mean"]["psnr"])
+        assert protocols["uncrtaints"]["samples"] == 0
+        assert "not SEN12MS-CR-TS: the uncrtaints protocol is that dataset's" in protocols["uncrtaints"]["unavailable"]
+    stages = (work / "results/eval/stages.md").read_text()
+    assert "| natural (reference) |" in stages and "uncrtaints" not in stages
+    assert (work / "results/viewer/index.html").is_file() and (work / "results/report/evaluation.html").is_file()
+
+    manifest = json.loads((work / "results/predict/stage3/delta/manifest.json").read_text())
+    assert manifest["complete"] and manifest["outputs"]
+    assert all(key.startswith("ROIs9000_4_p0") for key in manifest["outputs"])
+    assert (work / "results/bundle/tiny.tar").stat().st_size > 0
