@@ -290,17 +290,17 @@ def build_draft_under_refiner(
         load_frozen(build_refiner(cfg), stage2_ckpt, stage=2),
         loss_on=st.loss_on,
         grad_steps=st.grad_steps,
-        **_sampling(cfg),
+        **sampling_settings(cfg),
     )
 
 
 def build_pipeline(cfg: ModelSetConfig, *, stage1_ckpt: Path, wind: WindCache | None = None) -> RefinerPipeline:
     """Stage 1 (frozen) + a fresh refiner (pixel space: stage 0 is not part of it)."""
     cfdt = install_wind_orders(load_frozen(build_cfdt(cfg), stage1_ckpt, stage=1), wind)
-    return RefinerPipeline(cfdt, build_refiner(cfg), **_sampling(cfg))
+    return RefinerPipeline(cfdt, build_refiner(cfg), **sampling_settings(cfg))
 
 
-def _sampling(cfg: ModelSetConfig) -> dict:
+def sampling_settings(cfg: ModelSetConfig) -> dict:
     """How a RefinerPipeline samples, from the config (stage2.model, data.keep_seen_max_prob)."""
     m = cfg.stage2.model
     return {

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from vcloud.config import load_model_config
 from vcloud.models.build import build_autoencoder, build_cfdt, build_refiner
-from vcloud.pipeline import DraftUnderRefiner, RefinerPipeline
+from vcloud.pipeline import DraftUnderRefiner, RefinerPipeline, sampling_settings
 from vcloud.runtime import stage_memory
 from vcloud.runtime.doctor import Report, check_memory, preflight
 from vcloud.runtime.lumi import Cluster
@@ -48,7 +48,7 @@ def real_batch(cfg, *, stage3=False) -> dict:
 
 
 def sampling(cfg) -> dict:
-    return stage_memory._sampling(cfg)
+    return sampling_settings(cfg)
 
 
 def trained_refiner(cfg):

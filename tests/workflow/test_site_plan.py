@@ -7,6 +7,7 @@ import re
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -87,7 +88,8 @@ def test_a_new_site_from_one_file_plans_a_run(tmp_path):
     assert "slurm_partition=cpu" in prepare and "--nv" not in prepare
 
 
-def test_the_new_site_rehearses_on_its_gpu_partition_with_its_transport(tmp_path):
+def kestrel_run(tmp_path: Path) -> tuple[Path, dict]:
+    """A clone with the new site's file, and a run file for it over an empty raw folder."""
     repo = copy_worktree(tmp_path / "repo")
     (repo / "config" / "sites" / "kestrel.yaml").write_text(yaml.safe_dump(NEW_SITE, sort_keys=False))
     raw = tmp_path / "raw"
@@ -96,6 +98,11 @@ def test_the_new_site_rehearses_on_its_gpu_partition_with_its_transport(tmp_path
         (raw / f"{name}.tar.gz").write_bytes(b"")
     run = {"data": {"raw": str(raw)}, "synthetic": {"enabled": False}}
     run["cluster"] = {"site": "kestrel", "account": "grp042", "gpu_hour_budget": 100}
+    return repo, run
+
+
+def plan_rehearsal(repo: Path, run: dict, tmp_path: Path) -> str:
+    """`vcloud profile --site kestrel`, then the rehearsal's dry run with its shell commands."""
     (repo / "config" / "kestrel.yaml").write_text(yaml.safe_dump(run))
     made = subprocess.run(
         [sys.executable, "-m", "vcloud.cli", "profile", "--site", "kestrel"], cwd=repo, capture_output=True, text=True
@@ -116,6 +123,12 @@ def test_the_new_site_rehearses_on_its_gpu_partition_with_its_transport(tmp_path
     proc = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600, env=stand_in_env(tmp_path))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def test_the_new_site_rehearses_on_its_gpu_partition_with_its_transport(tmp_path):
+    repo, run = kestrel_run(tmp_path)
+    out = plan_rehearsal(repo, run, tmp_path)
     transport = out[out.index("rule rehearse_transport:") :]
     transport = transport[: transport.index("\n\n")]
     assert "gres=gpu:t4:2" in transport and "--nproc-per-node=2" in transport and "--expect ib" in transport
@@ -136,14 +149,7 @@ def test_the_new_site_rehearses_on_its_gpu_partition_with_its_transport(tmp_path
 def test_a_rehearsal_of_a_grid_plans_one_run_of_it(tmp_path):
     """A run file with experiments and seeds, rehearsed: the jobs of one run (compare's baseline,
     its first seed, at the rehearsal's epochs), not the grid's, and the summary names that run."""
-    repo = copy_worktree(tmp_path / "repo")
-    (repo / "config" / "sites" / "kestrel.yaml").write_text(yaml.safe_dump(NEW_SITE, sort_keys=False))
-    raw = tmp_path / "raw"
-    raw.mkdir()
-    for name in ("s1_africa", "s2_africa", "s1_africa_test", "s2_africa_test"):
-        (raw / f"{name}.tar.gz").write_bytes(b"")
-    run = {"data": {"raw": str(raw)}, "synthetic": {"enabled": False}}
-    run["cluster"] = {"site": "kestrel", "account": "grp042", "gpu_hour_budget": 100}
+    repo, run = kestrel_run(tmp_path)
     run["experiments"] = [
         {"name": "base"},
         {"name": "s3_long", "overrides": {"stage3": {"train": {"lr": 1.0e-4, "epochs": 300}}}},
@@ -151,26 +157,7 @@ def test_a_rehearsal_of_a_grid_plans_one_run_of_it(tmp_path):
     ]
     run["seeds"] = [7, 8]
     run["compare"] = {"baseline": "s3_long"}
-    (repo / "config" / "kestrel.yaml").write_text(yaml.safe_dump(run))
-    made = subprocess.run(
-        [sys.executable, "-m", "vcloud.cli", "profile", "--site", "kestrel"], cwd=repo, capture_output=True, text=True
-    )
-    assert made.returncode == 0, made.stderr
-    command = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--profile",
-        "kestrel",
-        "-n",
-        "-p",
-        "--directory",
-        str(tmp_path / "w"),
-    ]
-    command += ["--configfile", "config/kestrel.yaml", "config/rehearsal.yaml"]
-    proc = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600, env=stand_in_env(tmp_path))
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
+    out = plan_rehearsal(repo, run, tmp_path)
     table = out.split("job ", 1)[1].split("total", 1)[0]
     counts = {name: int(n) for name, n in re.findall(r"^(\w+)\s+(\d+)$", table, flags=re.M)}
     # One run: each stage trained once, scored on test and val (a research run's), one stage table,

@@ -120,16 +120,6 @@ def _phase(model, step, *, bf16, components, trainable, backward, training_state
     }
 
 
-def _sampling(cfg) -> dict:
-    m = cfg.stage2.model
-    return {
-        "timesteps": m.timesteps,
-        "schedule": m.schedule,
-        "ensemble": m.ensemble,
-        "keep_seen_max_prob": cfg.data.keep_seen_max_prob,
-    }
-
-
 def _trained_refiner(refiner):
     """A trained refiner runs its sampler passes (the untrained one's zero head skips them;
     fake weights cannot say which they are)."""
@@ -151,12 +141,12 @@ def _stage_phases(cfg, stage: int, *, dates: int, size: int, batch: int, optimis
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from vcloud.models.build import build_autoencoder, build_cfdt, build_refiner
-    from vcloud.pipeline import DraftUnderRefiner, RefinerPipeline
+    from vcloud.pipeline import DraftUnderRefiner, RefinerPipeline, sampling_settings
 
     levels = _levels_of(cfg)
 
     def pipeline_of(kind, *args, **kwargs):
-        pipeline = kind(*args, **kwargs, **_sampling(cfg))
+        pipeline = kind(*args, **kwargs, **sampling_settings(cfg))
         pipeline.schedule.sampling_timesteps = levels
         return pipeline
 
