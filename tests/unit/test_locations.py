@@ -185,11 +185,18 @@ def test_the_uncrtaints_protocol_is_not_run_on_your_own_imagery(own_store, small
     assert uncrtaints_samples(own_store, small) == reason  # vcloud evaluate: reported as not run
 
 
-def test_a_split_takes_one_source(own_store, tiny_store, tmp_path):
+def test_a_split_takes_one_source(tiny_raw_master, tiny_store, tmp_path):
+    from tests.unit.test_folder import S2_DATES, _images, _write
+    from vcloud.data.prepare import prepare_roi
     from vcloud.data.store import assemble
 
+    root = tmp_path / "mine"  # s2cloudless's mask, as tiny_store's: only the source differs
+    for (data, georef), date in zip(_images(tiny_raw_master, "s2"), S2_DATES):
+        _write(root / "S2" / f"T32TQM_{date}.tif", data, georef)
+    own = tmp_path / "mine.zarr"
+    prepare_roi(raw=root, roi=RoiId("ROIs9000", 1), out=own, times=4, size=32)
     with pytest.raises(BadInputError, match=r"a split takes SEN12MS-CR-TS or your own imagery, not both$"):
-        assemble([tiny_store, own_store], tmp_path / "mixed.zarr")
+        assemble([tiny_store, own], tmp_path / "mixed.zarr")
     assert not (tmp_path / "mixed.zarr").exists()
 
 

@@ -304,15 +304,15 @@ def assemble(stores: Sequence[Path], out: Path) -> None:
                 f"{path}: S2 bands {' '.join(store_bands(ds.attrs))} differ from {' '.join(store_bands(first.attrs))} "
                 f"of {first_path}; a split takes one band set"
             )
-        if from_plain_folder(ds.attrs) != from_plain_folder(first.attrs):
-            raise BadInputError(
-                f"{path}: source {ds.attrs.get('source')!r}, {first_path}: {first.attrs.get('source')!r}; a split takes "
-                "SEN12MS-CR-TS or your own imagery, not both"
-            )
         if ds.attrs.get("cloud_mask") != first.attrs.get("cloud_mask"):
             raise BadInputError(
                 f"{path}: cloud mask {ds.attrs.get('cloud_mask')} differs from {first.attrs.get('cloud_mask')} "
                 f"of {first_path}; a split takes one kind of mask"
+            )
+        if from_plain_folder(ds.attrs) != from_plain_folder(first.attrs):
+            raise BadInputError(
+                f"{path}: source {ds.attrs.get('source')!r}, {first_path}: {first.attrs.get('source')!r}; a split takes "
+                "SEN12MS-CR-TS or your own imagery, not both"
             )
         for dim in ("time", "y", "x"):
             if ds.sizes[dim] != first.sizes[dim]:
