@@ -123,6 +123,21 @@ def test_what_a_folder_source_needs_is_one_line(folder):
     _refused(config, "data.locations.val: no location; every split (train, val, test) needs one")
 
 
+def test_locations_without_the_folder_source_are_one_line(folder):
+    from vcloud.data.locations import folder_source
+
+    config = _config(folder)
+    del config["data"]["source"]
+    with pytest.raises(ConfigError) as err:
+        folder_source(config)
+    assert str(err.value) == (
+        "data.folder: read only with data.source: folder (now sen12mscrts); add data.source: folder or remove "
+        "data.folder"
+    )
+    assert folder_source({"data": {"source": "sen12mscrts"}}) is None
+    assert [loc.name for loc in folder_source(_config(folder)).locations] == ["bergen", "bodo", "oslo", "tromso"]
+
+
 def test_the_schema_names_a_bad_location_key():
     import copy
 

@@ -16,7 +16,7 @@ from vcloud.data.archive import (
 )
 from vcloud.config.experiments import baseline, is_research, plan_runs
 from vcloud.data.layout import parse_roi
-from vcloud.data.locations import folder_locations, is_folder_source
+from vcloud.data.locations import folder_source
 from vcloud.data.splits import assign_splits
 from vcloud import workflow as logic
 from vcloud.errors import ConfigError
@@ -31,7 +31,7 @@ RESULTS = PATHS["results"]
 RUN = RunPaths(prepared=PREPARED, results=RESULTS)
 # data.source: folder (docs/data.md, "Your own locations"): the locations, checked in one line.
 try:
-    FOLDER = folder_locations(config) if is_folder_source(DATA) else None
+    FOLDER = folder_source(config)
 except ConfigError as err:
     raise WorkflowError(str(err)) from None
 

@@ -87,6 +87,21 @@ def is_folder_source(data: dict) -> bool:
     return source_of(data) == "folder"
 
 
+def folder_source(config: dict) -> FolderLocations | None:
+    """The locations when data.source is folder, else None; data.folder or data.locations beside
+    another source is refused (the source would not be read)."""
+    data = config["data"]
+    if is_folder_source(data):
+        return folder_locations(config)
+    for key in ("folder", "locations"):
+        if key in data:
+            raise ConfigError(
+                f"data.{key}: read only with data.source: folder (now {source_of(data)}); add data.source: folder "
+                f"or remove data.{key}"
+            )
+    return None
+
+
 def folder_locations(config: dict) -> FolderLocations:
     """The locations of a folder source, checked (module docstring); ConfigError in one line."""
     from vcloud.data.folder import FolderSource, is_plain_folder
