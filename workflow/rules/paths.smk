@@ -307,3 +307,26 @@ def get_bundle_input():
 
 def get_bundle_stage_flags():
     return " ".join(f"--stage {stage}" for stage in VIEWER_STAGES)
+
+
+def get_rehearsed_model_config():
+    """The model config of the run the rehearsal tries: a grid's run's own (run_config), else
+    config.model_config."""
+    return RUN_PATHS[0].run_model_config() if RESEARCH else get_model_config()
+
+
+def get_rehearsed_input(wildcards):
+    """The summary's inputs, and a grid's rehearsed run's model config (made by run_config)."""
+    found = get_rehearsal_summary_input(wildcards)
+    return (
+        {**found, "model_config": get_rehearsed_model_config()} if RESEARCH else found
+    )
+
+
+def get_rehearsed_run_flags():
+    """--experiment and --seed of a grid's rehearsed run, which the summary names; none else."""
+    if not RESEARCH:
+        return ""
+    run = RUNS[0]
+    seed = "" if run.seed is None else f" --seed {run.seed}"
+    return f"--experiment {shlex.quote(run.experiment)}{seed}"

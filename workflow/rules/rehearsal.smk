@@ -2,30 +2,8 @@
 # on every GPU of a node (RCCL/NCCL over the site's network) and the closing summary. The rehearsal's training rules are
 # the real ones; resources.<rule>.rehearse_warning forces a wall-time warning on one of them.
 # With experiments and seeds the rehearsal tries one run of the grid, RUNS' only one
-# (vcloud.config.experiments.rehearsed_run), its files where a single run's lie.
-
-
-def get_rehearsed_model_config():
-    """The model config of the run the rehearsal tries: a grid's run's own (run_config), else
-    config.model_config."""
-    return RUN_PATHS[0].run_model_config() if RESEARCH else get_model_config()
-
-
-def get_rehearsed_input(wildcards):
-    """The summary's inputs, and a grid's rehearsed run's model config (made by run_config)."""
-    found = get_rehearsal_summary_input(wildcards)
-    return (
-        {**found, "model_config": get_rehearsed_model_config()} if RESEARCH else found
-    )
-
-
-def get_rehearsed_run_flags():
-    """--experiment and --seed of a grid's rehearsed run, which the summary names; none else."""
-    if not RESEARCH:
-        return ""
-    run = RUNS[0]
-    seed = "" if run.seed is None else f" --seed {run.seed}"
-    return f"--experiment {shlex.quote(run.experiment)}{seed}"
+# (vcloud.config.experiments.rehearsed_run), its files where a single run's lie (the input
+# functions: paths.smk).
 
 
 if is_rehearsal():
