@@ -89,8 +89,12 @@ def test_a_job_with_the_image_path_finds_the_host_apptainer_again(site):
     out = run([str(folder / "apptainer"), "--version"], tmp_path, PATH=image_path, VCLOUD_HOST_PATH=host_path)
     assert out.returncode == 0 and "apptainer" in out.stdout.lower(), out.stderr
     # And `python` from such a job enters the image, with the host PATH recorded for its steps.
-    out = run([str(folder / "python"), "-c", "import os; print(os.environ['VCLOUD_HOST_PATH'])"], tmp_path,
-              PATH=image_path, VCLOUD_HOST_PATH=host_path)  # fmt: skip
+    out = run(
+        [str(folder / "python"), "-c", "import os; print(os.environ['VCLOUD_HOST_PATH'])"],
+        tmp_path,
+        PATH=image_path,
+        VCLOUD_HOST_PATH=host_path,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == host_path
 

@@ -162,8 +162,17 @@ def _stage_phases(cfg, stage: int, *, dates: int, size: int, batch: int, optimis
                 return F.l1_loss(model(b["target"]), b["target"]), b
 
             parts = {model.encoder: "encoder", model.decoder: "decoder"}
-            return {"step": _phase(model, step, bf16=bf16, components=parts, trainable=list(model.parameters()),
-                                   backward=True, training_state=True)}  # fmt: skip
+            return {
+                "step": _phase(
+                    model,
+                    step,
+                    bf16=bf16,
+                    components=parts,
+                    trainable=list(model.parameters()),
+                    backward=True,
+                    training_state=True,
+                )
+            }
         cfdt = build_cfdt(cfg)
         cfdt.optimisations = optimisations
         refiner = _trained_refiner(build_refiner(cfg))
@@ -176,8 +185,15 @@ def _stage_phases(cfg, stage: int, *, dates: int, size: int, batch: int, optimis
                 return pipeline.sample(b, steps=steps, seed=0), b
 
             pipeline.eval()
-            return _phase(pipeline, sample, bf16=bf16, components=drafted, trainable=trainable, backward=False,
-                          training_state=True)  # fmt: skip
+            return _phase(
+                pipeline,
+                sample,
+                bf16=bf16,
+                components=drafted,
+                trainable=trainable,
+                backward=False,
+                training_state=True,
+            )
 
         if stage == 2:
             pipeline = pipeline_of(RefinerPipeline, _GridOrder(cfdt), refiner)
@@ -189,8 +205,9 @@ def _stage_phases(cfg, stage: int, *, dates: int, size: int, batch: int, optimis
 
             pipeline.train()
             trainable = list(refiner.parameters())
-            phases["step"] = _phase(pipeline, step, bf16=bf16, components=drafted, trainable=trainable,
-                                    backward=True, training_state=True)  # fmt: skip
+            phases["step"] = _phase(
+                pipeline, step, bf16=bf16, components=drafted, trainable=trainable, backward=True, training_state=True
+            )
             phases["validate"] = validation(pipeline, trainable)
             return phases
         assert stage == 3, f"no phases for stage {stage}"
@@ -203,8 +220,9 @@ def _stage_phases(cfg, stage: int, *, dates: int, size: int, batch: int, optimis
             b = _batch(cfg, batch, dates, size, device)
             return teacher.samples(b, steps=steps, seeds=list(range(st.sampler_seeds))), b
 
-        phases["teacher"] = _phase(teacher, label, bf16=False, components=drafted, trainable=[], backward=False,
-                                   training_state=False)  # fmt: skip
+        phases["teacher"] = _phase(
+            teacher, label, bf16=False, components=drafted, trainable=[], backward=False, training_state=False
+        )
         cfdt.requires_grad_(True)
         student = pipeline_of(
             DraftUnderRefiner, _GridOrder(cfdt), refiner, loss_on=st.loss_on, grad_steps=st.grad_steps
@@ -219,8 +237,9 @@ def _stage_phases(cfg, stage: int, *, dates: int, size: int, batch: int, optimis
         student.train()
         trainable = list(cfdt.parameters())
         parts = {**memory.cfdt_components(cfdt), refiner: "refiner"}
-        phases["step"] = _phase(student, step, bf16=bf16, components=parts, trainable=trainable, backward=True,
-                                training_state=True)  # fmt: skip
+        phases["step"] = _phase(
+            student, step, bf16=bf16, components=parts, trainable=trainable, backward=True, training_state=True
+        )
         phases["validate"] = validation(student, trainable)
     return phases
 
