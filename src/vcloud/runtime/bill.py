@@ -77,6 +77,10 @@ def rois_to_prepare(config: dict) -> tuple[list, str]:
 
     if config["synthetic"]["enabled"]:
         return [parse_roi(text) for text in config["synthetic"]["rois"]], "of synthetic.rois"
+    from vcloud.data.locations import folder_source
+
+    if (folder := folder_source(config)) is not None:  # your own locations: one prepare job each
+        return [location.roi for location in folder.locations], "of data.locations (data.source: folder)"
     rois = config["data"]["rois"]
     if rois != "all":
         return [parse_roi(text) for text in rois], "of data.rois"

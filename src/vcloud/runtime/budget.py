@@ -119,6 +119,10 @@ def raw_budget(config: dict, budget: Budget) -> dict:
             )
         )
         return locations
+    from vcloud.data.locations import folder_source
+
+    if (folder := folder_source(config)) is not None:
+        return _folder_budget(folder, size, budget)
     for raw in _raw_paths(config):
         if not raw.exists():
             budget.notes.append(f"data.raw: {raw} not found; its data are not counted")
@@ -179,6 +183,26 @@ def raw_budget(config: dict, budget: Budget) -> dict:
     return locations
 
 
+def _folder_budget(folder, size: int, budget: Budget) -> dict:
+    """Your own locations (data.source: folder): their files as they are on disk, and each one's
+    patches from its scenes' headers (the grid `vcloud prepare` cuts); roi -> patches."""
+    from vcloud.data.folder import FolderSource
+    from vcloud.errors import BadInputError
+
+    files = nbytes = 0
+    locations: dict = {}
+    for location in folder.locations:
+        found = [path for path in location.path.rglob("*") if path.is_file()]
+        files += len(found)
+        nbytes += sum(path.stat().st_size for path in found)
+        try:
+            locations[location.roi] = len(FolderSource(location.path, size=size).patches)
+        except BadInputError as err:  # prepare refuses it too, in the same words
+            budget.notes.append(f"data.locations: {location.name}: {err}; its patches are not counted")
+    budget.items.append(Item("raw (your locations)", folder.root, files, nbytes))
+    return locations
+
+
 def _tree_listing(root: Path, *, times: int) -> tuple[int, int, dict]:
     """(files, bytes, roi -> locations) of an extracted tree: every time folder is listed (no
     stat per file: on Lustre that is the slow part); bytes from one folder's sizes per ROI."""
@@ -221,11 +245,16 @@ def data_budget(config: dict, model_set=None) -> Budget:
     budget = Budget()
     data, paths = config["data"], config["paths"]
     found = raw_budget(config, budget)
-    wanted = _wanted(config, found) if not config["synthetic"]["enabled"] else set(found)
+    from vcloud.data.locations import folder_source
+
+    folder = folder_source(config)
+    own = config["synthetic"]["enabled"] or folder is not None  # every ROI found is wanted
+    wanted = set(found) if own else _wanted(config, found)
     locations = sum(found[roi] for roi in wanted)
     budget.locations, budget.rois = locations, len(wanted)
     prepared = Path(paths["prepared"])
-    per_location = location_bytes(data["patch_size"], data["times"])
+    times = data["times"] if folder is None else folder.times  # a folder's stores: its longest series
+    per_location = location_bytes(data["patch_size"], times)
     budget.items.append(
         Item(
             "prepared stores (per ROI)",
