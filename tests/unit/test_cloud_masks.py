@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -287,61 +286,3 @@ def test_a_split_takes_one_kind_of_mask(series, tiny_store, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"vcloud assemble: error: {scl}: cloud mask ") and "a split takes one kind of mask" in err
     assert not out.exists()
-
-
-REAL = Path(__file__).parent / "data" / "eolearn_masks"  # README.md there: source and licence
-
-
-def _real(name: str) -> tuple[np.ndarray, object]:
-    import rasterio
-
-    from vcloud.data.geotiff import GeoRef
-
-    with rasterio.open(REAL / f"{name}.tif") as src:
-        return src.read(), GeoRef(int(src.crs.to_epsg()), src.transform.to_gdal())
-
-
-def test_real_scene_classification_and_s2cloudless_probability(series, tmp_path):
-    """Sen2Cor's real SCL codes (shadows, cirrus, snow, clouds of both probabilities) through the
-    default table, and real s2cloudless probabilities as a float32 MASK/, on the real grid.
-
-    The four dates' SCL, counted by hand (32 x 32 = 1024 px):
-        0: 2, 4, 5, 7 only                          clear
-        3: 294 shadow (3), 10 cloud-medium (8), 144 snow (11, clear)
-           cover 304/1024, mean p (294 x 0.5 + 10 x 0.8) / 304 = 0.51       thin
-        4: 802 cirrus (10), 132 cloud-medium (8)
-           cover 934/1024, mean p (802 x 0.5 + 132 x 0.8) / 934 = 0.54      thin
-        6: 228 cloud-medium, 426 cloud-high, 16 cirrus
-           cover 670/1024, mean p (228 x 0.8 + 426 + 16 x 0.5) / 670 = 0.92 thick
-    """
-    from vcloud.constants import CLOUD_CLASSES
-    from vcloud.data.store import open_store
-
-    root, _ = series
-    scl, georef = _real("scl")
-    clp, _ = _real("clp")
-    import rasterio
-
-    for t, date in enumerate(S2_DATES):  # the S2 images on the masks' real grid
-        s2 = root / "S2" / f"T32TQM_{date}.tif"
-        with rasterio.open(s2) as src:
-            data = src.read()
-        _write(s2, data, georef)
-        _write(root / "SCL" / f"SCL_T32TQM_{date}.tif", scl[t][None], georef)
-    store = tmp_path / "real_scl.zarr"
-    assert _prepare(root, store) == 0
-    ds = open_store(store)
-    np.testing.assert_allclose(ds["cloud_cover"].values[0], [0.0, 304 / 1024, 934 / 1024, 670 / 1024], atol=1e-6)
-    assert [CLOUD_CLASSES[c] for c in ds["cloud_class"].values[0]] == ["clear", "thin", "thin", "thick"]
-
-    shutil.rmtree(root / "SCL")
-    for t, date in enumerate(S2_DATES):
-        _write(root / "MASK" / f"CLP_{date}.tif", clp[t][None], georef)
-    store = tmp_path / "real_clp.zarr"
-    assert _prepare(root, store) == 0
-    ds = open_store(store)
-    stored = np.round(clp * 250) / 250
-    np.testing.assert_allclose(ds["cloud_prob"].values[0], stored, atol=1e-6)
-    np.testing.assert_allclose(ds["cloud_cover"].values[0], (stored >= 0.4).mean(axis=(1, 2)), atol=1e-6)
-    # the same dates by the two real masks: SCL calls date 4 cirrus over 91 %, s2cloudless 6 %
-    assert (stored[2] >= 0.4).mean() < 0.1 and np.isin(scl[2], (3, 8, 9, 10)).mean() > 0.9
