@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.system import require_module
 from tests.workflow.snakemake_run import ROOT, run
 
 pytestmark = pytest.mark.workflow
@@ -65,7 +66,7 @@ def test_off_by_default_and_on_planned_once_after_every_run(tmp_path):
 
 
 def test_snakemake_runs_it_in_place_and_the_runs_keep_their_ids(tmp_path):
-    mlflow = pytest.importorskip("mlflow", reason="the mlflow extra (pip install -e '.[mlflow]')")
+    mlflow = require_module("mlflow", install="pip install -e '.[mlflow]' installs it (the test extra includes it)")
     from tests.unit.test_export_mlflow import GRID, build
 
     flags = build(tmp_path)
