@@ -222,7 +222,7 @@ def test_controller_warned_then_cancelled_then_resubmitted_finishes_the_saga_reh
     assert weights(0, 1) == before_warning and weights(2) == before_cancel  # finished: never trained again
     # GPU jobs: Saga's a100 partition, the devel QOS, `--nv` on their steps only.
     accounting = subprocess.run(
-        ["sacct", "-n", "-X", "-P", "-o", "JobID,JobName,Partition,QOS,AllocTRES,WorkDir", "-S", "now-2hours"],
+        ["sacct", "-n", "-X", "-P", "-o", "JobID,JobName,Partition,QOS,AllocTRES,State,WorkDir", "-S", "now-2hours"],
         env=env,
         capture_output=True,
         text=True,
@@ -230,7 +230,9 @@ def test_controller_warned_then_cancelled_then_resubmitted_finishes_the_saga_reh
     rows = [line.split("|") for line in accounting if line.endswith(f"|{clone}")]
     jobs = [row[1:] for row in rows if int(row[0]) >= int(job_a)]  # this run's (a former one's folder may match)
     assert sum(1 for j in jobs if j[0] == JOB_NAME) == 3
-    gpu_jobs = [j for j in jobs if j[1] == "a100"]
+    gpu_jobs = [j for j in jobs if j[1] == "a100" and j[3]]  # those that started: a job cancelled
+    # while it waited (a leftover the third controller cancelled) was never allocated anything
+    assert all(j[4].startswith("CANCELLED") for j in jobs if j[1] == "a100" and not j[3]), jobs
     # one GPU each, billed by SLURM as vcloud's bill says (max(2 cores, 1.5 GB x 0.032, 1 GPU x 8) = 8)
     assert gpu_jobs and all(j[2] == "devel" and "billing=8," in j[3] and "gres/gpu=1" in j[3] for j in gpu_jobs), (
         gpu_jobs
