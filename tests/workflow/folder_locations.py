@@ -15,25 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.unit.test_folder import _write
+
 S1_OFFSET_DAYS = 4  # every other date's S1: within a window of 4 days or more, outside 3 or less
-
-
-def _write(path: Path, data: np.ndarray, georef) -> None:
-    import rasterio
-    from rasterio.transform import Affine
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    profile = {
-        "driver": "GTiff",
-        "dtype": data.dtype.name,
-        "count": data.shape[0],
-        "height": data.shape[1],
-        "width": data.shape[2],
-        "crs": georef.crs,
-        "transform": Affine.from_gdal(*georef.transform),
-    }
-    with rasterio.open(path, "w", **profile) as dst:
-        dst.write(data)
 
 
 def scl_codes(s2: np.ndarray) -> np.ndarray:
