@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import emit  # noqa: E402
+from common import emit, fresh_models  # noqa: E402
 
 DATES = ("20190301", "20190311", "20190321")
 TARGET = "2019-03-11"
@@ -54,32 +54,6 @@ def write_scene(root: Path, height: int, width: int) -> None:
             dst.write(s2)
         with rasterio.open(root / "S1" / f"S1_{date}.tif", "w", count=2, dtype="float32", **common) as dst:
             dst.write(np.stack([np.full_like(base, -10.0), np.full_like(base, -17.0)]))
-
-
-def fresh_models(config: Path, work: Path) -> tuple[Path, dict]:
-    """The config without the wind scan, and stage-1/2 checkpoints of fresh weights."""
-    import torch
-    import yaml
-
-    from vcloud.config import load_model_config
-    from vcloud.models.build import build_cfdt, build_refiner
-    from vcloud.train.checkpoint import checkpoint_meta, save_checkpoint
-
-    models = yaml.safe_load(config.read_text())
-    models["stage1"]["model"]["wind_scan"] = False
-    path = work / "models.yaml"
-    path.write_text(yaml.safe_dump(models))
-    cfg = load_model_config(path)
-    torch.manual_seed(0)
-    checkpoints = {1: work / "stage1.pt", 2: work / "stage2.pt"}
-    save_checkpoint(
-        checkpoints[1], {**checkpoint_meta(stage=1, config_hash="b"), "model": build_cfdt(cfg).state_dict()}
-    )
-    refiner = build_refiner(cfg)
-    with torch.no_grad():
-        refiner.head[-1].weight.normal_(0.0, 0.05)  # an all-zero head would skip the refiner's passes
-    save_checkpoint(checkpoints[2], {**checkpoint_meta(stage=2, config_hash="b"), "model": refiner.state_dict()})
-    return path, checkpoints
 
 
 def forward_floor(store: Path, config: Path, checkpoints: dict, *, stage: int, batch_size: int, device: str) -> float:

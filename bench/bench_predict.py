@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import ROI, add_tree_arguments, emit, make_raw  # noqa: E402
+from common import ROI, add_tree_arguments, emit, fresh_models, make_raw  # noqa: E402
 
 
 def main() -> None:
@@ -62,14 +62,9 @@ def measure_predict(
 ) -> dict:
     """`vcloud predict`'s own code (apply.run.predict) on the synthetic ROI: the figures above."""
     import torch
-    import yaml
 
     from vcloud.apply.run import predict
-    from vcloud.config import load_model_config
     from vcloud.data.prepare import prepare_roi
-    from vcloud.models.cfdt import CFDT
-    from vcloud.models.refiner import Refiner
-    from vcloud.train.checkpoint import checkpoint_meta, save_checkpoint
 
     work = workdir / f"predict_{patches}x{times}x{size}"
     work.mkdir(parents=True, exist_ok=True)
@@ -77,20 +72,7 @@ def measure_predict(
     if not store.is_dir():
         raw = make_raw(workdir, patches=patches, times=times, size=size)
         prepare_roi(raw=raw, roi=ROI, out=store, times=times, size=size)
-    models = yaml.safe_load(config_path.read_text())
-    models["stage1"]["model"]["wind_scan"] = False
-    config = work / "models.yaml"
-    config.write_text(yaml.safe_dump(models))
-    cfg = load_model_config(config)
-    torch.manual_seed(0)
-    checkpoints = {1: work / "stage1.pt", 2: work / "stage2.pt"}
-    save_checkpoint(
-        checkpoints[1], {**checkpoint_meta(stage=1, config_hash="b"), "model": CFDT(cfg.stage1.model).state_dict()}
-    )
-    refiner = Refiner(cfg.stage2.model)
-    with torch.no_grad():
-        refiner.head[-1].weight.normal_(0.0, 0.05)
-    save_checkpoint(checkpoints[2], {**checkpoint_meta(stage=2, config_hash="b"), "model": refiner.state_dict()})
+    config, checkpoints = fresh_models(config_path, work)
 
     out = work / "out"
     shutil.rmtree(out, ignore_errors=True)

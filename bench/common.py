@@ -43,3 +43,29 @@ def emit(result: dict) -> None:
     result["date"] = time.strftime("%Y-%m-%d")
     result.update(machine())
     print(json.dumps(result, indent=2))
+
+
+def fresh_models(config: Path, work: Path) -> tuple[Path, dict]:
+    """The config without the wind scan, and stage-1/2 checkpoints of fresh weights."""
+    import torch
+    import yaml
+
+    from vcloud.config import load_model_config
+    from vcloud.models.build import build_cfdt, build_refiner
+    from vcloud.train.checkpoint import checkpoint_meta, save_checkpoint
+
+    models = yaml.safe_load(config.read_text())
+    models["stage1"]["model"]["wind_scan"] = False
+    path = work / "models.yaml"
+    path.write_text(yaml.safe_dump(models))
+    cfg = load_model_config(path)
+    torch.manual_seed(0)
+    checkpoints = {1: work / "stage1.pt", 2: work / "stage2.pt"}
+    save_checkpoint(
+        checkpoints[1], {**checkpoint_meta(stage=1, config_hash="b"), "model": build_cfdt(cfg).state_dict()}
+    )
+    refiner = build_refiner(cfg)
+    with torch.no_grad():
+        refiner.head[-1].weight.normal_(0.0, 0.05)  # an all-zero head would skip the refiner's passes
+    save_checkpoint(checkpoints[2], {**checkpoint_meta(stage=2, config_hash="b"), "model": refiner.state_dict()})
+    return path, checkpoints
