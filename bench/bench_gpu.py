@@ -384,6 +384,7 @@ def main() -> None:
     parser.add_argument("--predict-size", type=int, default=256, help="patch size of the synthetic ROI")
     parser.add_argument("--predict-batch", type=int, default=8, help="vcloud predict --batch-size")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/vcloud-bench"), help="where the ROI is made")
+    parser.add_argument("--skip-stages", action="store_true", help="only --store and --predict (one phase a call)")
     args = parser.parse_args()
     cfg = load_model_config(args.config)
     size = args.size or cfg.data.crop or 256
@@ -400,11 +401,12 @@ def main() -> None:
         "torch": torch.__version__,
         "size": size,
         "dates": dates,
-        "stages": stage_figures(
-            cfg, device=device, size=size, dates=dates, batch_override=args.batch, steps=args.steps, warmup=args.warmup
-        ),
         "seed_field_rate_mi250x_gcd": SEED_FIELD_RATE,
     }
+    if not args.skip_stages:
+        result["stages"] = stage_figures(
+            cfg, device=device, size=size, dates=dates, batch_override=args.batch, steps=args.steps, warmup=args.warmup
+        )
     if args.store:
         result["stage1_fed_from_store"] = fed_from_store(
             cfg, args.store, device=device, size=size, steps=args.feed_steps

@@ -92,6 +92,22 @@ def test_gpu_benchmark_times_every_stage_and_the_fed_loader(tiny_store, tmp_path
     assert fed["samples_per_s"] > 0 and 0 <= fed["data_wait_fraction"] <= 1 and fed["workers"] == 0
 
 
+def test_stage1_profile_names_the_ops_and_times_the_step_without_checkpointing():
+    """On the CPU (no device rows): the profiled step, its heaviest operators, and the same step
+    with grad_checkpoint off, on tiny_models.yaml, whose CFDT checkpoints."""
+    result = _bench(
+        "profile_stage1.py",
+        *("--config", "tests/workflow/tiny_models.yaml", "--size", "32", "--dates", "4"),
+        *("--steps", "1", "--warmup", "1"),
+    )
+    profiled = result["profiled"]
+    assert profiled["step_wall_s"] > 0 and profiled["device_busy_s_per_step"] is None
+    ops = [row["op"] for row in profiled["top_ops"]]
+    assert len(ops) == 20 and any("conv" in op for op in ops), ops
+    assert all(row["self_cpu_ms_per_step"] >= 0 and row["calls_per_step"] >= 0 for row in profiled["top_ops"])
+    assert result["without_grad_checkpoint"]["step_s_median"] > 0
+
+
 def test_extent_benchmark_gives_time_per_km2_against_the_forward_floor(tmp_path):
     """A scene of any size (80 x 70 px, 32 px patches, the tiny models): prepare and predict per
     square kilometre, and predict over the model's forward alone on the same patches."""

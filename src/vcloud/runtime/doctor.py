@@ -497,6 +497,10 @@ def stage_gpus(config: dict, cluster: Cluster, overrides: dict | None = None) ->
 
 
 PHASE_WORDS = {"step": "step", "validate": "validation", "teacher": "teacher's pseudo-labelling"}
+# What the estimate leaves out (allocator reserve and fragmentation, cuDNN/MIOpen workspaces, the
+# GPU context): on an H100 the memory torch reserved was up to 1.17x the estimate (stage 2, full
+# config, docs/performance.md), and the allocated peak within 4 % of it.
+MEMORY_MARGIN = 1.2
 
 
 def check_memory(
@@ -550,10 +554,11 @@ def check_memory(
             f"{name.replace('stage', 'stage-')} memory estimate: {gb:.1f} GB per GPU{what} "
             f"(limit {gpu.memory_gb:g} GB: {partition}'s {gpu.model})"
         )
-        if gb > gpu.memory_gb:
+        if gb * MEMORY_MARGIN > gpu.memory_gb:
             report.errors.append(
-                f"memory: the {name.replace('stage', 'stage-')} {PHASE_WORDS[phase]} needs about {gb:.1f} GB, more "
-                f"than the {gpu.memory_gb:g} GB of one {gpu.model} on {partition}; {memory_fix(model_set, name, phase)}"
+                f"memory: the {name.replace('stage', 'stage-')} {PHASE_WORDS[phase]} needs about {gb:.1f} GB "
+                f"({gb * MEMORY_MARGIN:.1f} GB with the {MEMORY_MARGIN - 1:.0%} margin), more than the "
+                f"{gpu.memory_gb:g} GB of one {gpu.model} on {partition}; {memory_fix(model_set, name, phase)}"
             )
 
 
