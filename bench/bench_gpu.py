@@ -367,6 +367,15 @@ def fed_from_store(cfg, store: Path, *, device, size, steps) -> dict:
     }
 
 
+def started(config: Path, *, size: int, dates: int) -> tuple[str, dict]:
+    """The device ("cuda" where there is one, ROCm's too, else "cpu"), torch seeded, and the
+    result's header: config, device name, torch, shapes."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    return device, {"config": str(config), "device": name, "torch": torch.__version__, "size": size, "dates": dates}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=Path("config/models/full.yaml"))
@@ -393,16 +402,8 @@ def main() -> None:
     if args.workers is not None:
         data = dataclasses.replace(data, num_workers=args.workers)
     cfg = dataclasses.replace(cfg, data=data)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.manual_seed(0)
-    result = {
-        "config": str(args.config),
-        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        "torch": torch.__version__,
-        "size": size,
-        "dates": dates,
-        "seed_field_rate_mi250x_gcd": SEED_FIELD_RATE,
-    }
+    device, result = started(args.config, size=size, dates=dates)
+    result["seed_field_rate_mi250x_gcd"] = SEED_FIELD_RATE
     if not args.skip_stages:
         result["stages"] = stage_figures(
             cfg, device=device, size=size, dates=dates, batch_override=args.batch, steps=args.steps, warmup=args.warmup

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_gpu import raw_batch, sync, timed_steps, with_wind  # noqa: E402
+from bench_gpu import raw_batch, started, sync, timed_steps, with_wind  # noqa: E402
 from common import emit  # noqa: E402
 from vcloud.config import load_model_config  # noqa: E402
 from vcloud.data.samples import finish_batch  # noqa: E402
@@ -47,7 +47,9 @@ def profiled(cfg, *, device: str, size: int, dates: int, steps: int, warmup: int
     params = list(model.parameters())
     optimizer = optim.build_optimizer(params, cfg.stage1.train)
     b = cfg.stage1.train.batch_size
-    autocast = torch.autocast("cuda" if device == "cuda" else "cpu", dtype=torch.bfloat16, enabled=cfg.stage1.train.bf16)
+    autocast = torch.autocast(
+        "cuda" if device == "cuda" else "cpu", dtype=torch.bfloat16, enabled=cfg.stage1.train.bf16
+    )
 
     def step() -> None:
         batch = finish_batch(raw_batch(b, dates, size, device, generator))
@@ -103,16 +105,8 @@ def main() -> None:
     cfg = dataclasses.replace(
         cfg, data=dataclasses.replace(cfg.data, input_dates=dates, crop=None if args.size == 256 else args.size)
     )
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.manual_seed(0)
-    result = {
-        "config": str(args.config),
-        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        "torch": torch.__version__,
-        "size": args.size,
-        "dates": dates,
-        "profiled": profiled(cfg, device=device, size=args.size, dates=dates, steps=args.steps, warmup=args.warmup),
-    }
+    device, result = started(args.config, size=args.size, dates=dates)
+    result["profiled"] = profiled(cfg, device=device, size=args.size, dates=dates, steps=args.steps, warmup=args.warmup)
     # The same step without activation checkpointing: the recomputation's cost in time, its saving in memory.
     model_cfg = cfg.stage1.model
     plain = dataclasses.replace(
