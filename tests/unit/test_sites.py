@@ -132,7 +132,10 @@ def test_a_model_that_does_not_fit_the_partition_gpu_is_refused():
     model = load_model_config(REPO / "config/models/full.yaml")
     report = Report()
     check_memory(model, cluster, report, estimate={"cfdt_gb_configured": 30.0}, partitions=["accel", "a100"])
-    assert len(report.errors) == 1 and "30.0 GB (36.0 GB with the 20% margin), more than the 16 GB of one P100 on accel" in report.errors[0]
+    assert (
+        len(report.errors) == 1
+        and "30.0 GB (36.0 GB with the 20% margin), more than the 16 GB of one P100 on accel" in report.errors[0]
+    )
 
 
 # --- bad site files: one line naming the file and the key ------------------------------------
