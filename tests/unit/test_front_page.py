@@ -35,7 +35,8 @@ def quote(page: str, pattern: str) -> dict[str, str]:
 
 def table(page: str, start: str) -> dict[str, list[str]]:
     """The one Markdown table of `page` whose header row starts with `start`: first cell -> the
-    other cells (stripped, bold dropped), in the page's order."""
+    other cells (stripped, bold dropped), in the page's order; a repeated first cell keeps its
+    first row (the CI table lists newest first, two runs of one day among them)."""
     lines = (ROOT / page).read_text().splitlines()
     starts = [n for n, line in enumerate(lines) if line.startswith(start)]
     assert len(starts) == 1, f"{page}: {len(starts)} tables headed {start!r}"
@@ -44,7 +45,7 @@ def table(page: str, start: str) -> dict[str, list[str]]:
         if not line.startswith("|"):
             break
         first, *cells = (cell.strip().replace("**", "") for cell in line.strip().strip("|").split("|"))
-        rows[first] = cells
+        rows.setdefault(first, cells)
     return rows
 
 
