@@ -15,6 +15,9 @@ SMALL = {
     "synthetic": {"patches": 2, "rois": ["ROIs1868/119", "ROIs2017/22", "ROIs1970/119", "ROIs1970/21"]},
     "model_config": str(ROOT / "tests/workflow/tiny_models.yaml"),
 }
+# The drills that only need every rule to run: one location in a train, a val and a test ROI of one
+# region (africa: 4 archives), the smallest data the whole chain runs on.
+ONE_REGION = {**SMALL, "synthetic": {"patches": 1, "rois": ["ROIs1970/21", "ROIs2017/22", "ROIs2017/32"]}}
 
 
 def run(args, cwd, check=True):

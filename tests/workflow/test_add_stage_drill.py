@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.workflow.snakemake_run import ROOT, SMALL, copy_worktree
+from tests.workflow.snakemake_run import ONE_REGION, ROOT, copy_worktree
 
 pytestmark = pytest.mark.workflow
 
@@ -89,7 +89,7 @@ def test_a_stage_added_in_five_files_trains_and_is_scored(tmp_path):
     ]
     work = tmp_path / "work"
     work.mkdir()
-    config = {**SMALL, "model_config": str(repo / "tests/workflow/tiny_models.yaml")}
+    config = {**ONE_REGION, "model_config": str(repo / "tests/workflow/tiny_models.yaml")}
     (work / "small.yaml").write_text(yaml.safe_dump(config))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(repo / "src"), os.environ.get("PYTHONPATH", "")]))
     command = [sys.executable, "-m", "snakemake", "-s", str(repo / "Snakefile"), "--cores", "2", "-d", str(work)]

@@ -20,7 +20,7 @@ import textwrap
 import pytest
 import yaml
 
-from tests.workflow.snakemake_run import ROOT, SMALL, SNAKEMAKE
+from tests.workflow.snakemake_run import ONE_REGION, ROOT, SMALL, SNAKEMAKE
 
 pytestmark = pytest.mark.workflow
 
@@ -90,7 +90,7 @@ def test_a_stage_added_to_the_registry_gets_its_rules_folder_resources_and_viewe
 
 @pytest.mark.slow
 def test_a_results_folder_moved_in_the_registry_passes_the_real_tiny_pipeline(tmp_path):
-    (tmp_path / "small.yaml").write_text(yaml.safe_dump(SMALL))
+    (tmp_path / "small.yaml").write_text(yaml.safe_dump(ONE_REGION))
     env = drill_env(tmp_path, "move")
     snakemake(["--cores", "2", "--configfile", "small.yaml"], work=tmp_path, env=env)
     results = tmp_path / "results"
