@@ -21,7 +21,7 @@ import yaml
 from tests.lumi.helpers import TEST_ACCOUNT
 from tests.slurm.polling import fast_polling
 from tests.slurm.test_slurm import FAST, SLURM_CONFIG, sacct, slurm_cluster  # noqa: F401 (fixture)
-from tests.workflow.snakemake_run import ROOT, SMALL, SNAKEMAKE
+from tests.workflow.snakemake_run import ONE_REGION, ROOT, SNAKEMAKE
 from tests.workflow.test_resume_snakemake import TARGET, models_config, rows, write_shim
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
@@ -31,7 +31,7 @@ def test_killed_train_stage1_job_is_resubmitted_and_resumes(slurm_cluster, tmp_p
     work = tmp_path / "work"
     work.mkdir()
     (work / "models.yaml").write_text(yaml.safe_dump(models_config()))
-    config = {**SMALL, "model_config": str(work / "models.yaml"), "resources": SLURM_CONFIG["resources"]}
+    config = {**ONE_REGION, "model_config": str(work / "models.yaml"), "resources": SLURM_CONFIG["resources"]}
     (work / "resume.yaml").write_text(yaml.safe_dump(config))
     write_shim(tmp_path / "bin", kill_group=False)  # the job's trainer dies, not the snakemake master
     env = dict(
