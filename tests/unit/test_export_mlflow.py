@@ -236,6 +236,7 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+@pytest.mark.slow  # over 10 s: docs/contributing.md, test tiers
 def test_an_export_killed_midway_then_run_again_ends_as_an_uninterrupted_one(tmp_path):
     flags = build(tmp_path)
     whole = tmp_path / "whole.db"

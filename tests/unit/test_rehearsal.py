@@ -214,6 +214,7 @@ def test_summary_passes_on_a_complete_rehearsal_and_gives_the_epoch_minutes(tmp_
     assert any("resources.train_stage1.epoch_minutes: 5.0" in line for line in rehearsal.lines(summary))
 
 
+@pytest.mark.slow  # over 10 s: docs/contributing.md, test tiers
 def test_the_summary_of_a_grids_rehearsal_names_the_run_it_tried(tmp_path):
     from vcloud.cli import main
     from vcloud.runtime import rehearsal

@@ -102,6 +102,7 @@ def _two_ranks(args, timeout):
     return results
 
 
+@pytest.mark.slow  # over 10 s: docs/contributing.md, test tiers
 def test_two_ranks_train_with_wind_scan_reading_the_cache(setup, tmp_path):
     store, config = setup
     cache = tmp_path / "scan_orders.npz"

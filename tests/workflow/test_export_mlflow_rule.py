@@ -65,6 +65,7 @@ def test_off_by_default_and_on_planned_once_after_every_run(tmp_path):
     assert f"--run base - results {TINY} " in single
 
 
+@pytest.mark.slow  # over 10 s: docs/contributing.md, test tiers
 def test_snakemake_runs_it_in_place_and_the_runs_keep_their_ids(tmp_path):
     mlflow = require_module("mlflow", install="pip install -e '.[mlflow]' installs it (the test extra includes it)")
     from tests.unit.test_export_mlflow import GRID, build
