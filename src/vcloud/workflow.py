@@ -68,6 +68,16 @@ def viewer_inputs(
     return inputs
 
 
+def viewer_comparison_flags(comparison: str | None, *, experiment: str, seed: int | None) -> str:
+    """export_viewer's ` --comparison PATH --run EXPERIMENT SEED` in a research run (the comparison
+    of the runs, and the run whose samples the page shows), with its leading space; "" without a
+    comparison, so that a single run's command line is what it was."""
+    if comparison is None:
+        return ""
+    run = f"{shlex.quote(experiment)} {'-' if seed is None else seed}"
+    return f" --comparison {shlex.quote(str(comparison))} --run {run}"
+
+
 def fixed_protocol_settings(model_set) -> dict:
     """The model settings the fixed protocol's samples (and so fixed_protocol's file) depend on."""
     return {

@@ -150,6 +150,23 @@ def test_prefix_pattern_matches_exactly_its_runs():
     assert not re.fullmatch(prefix_pattern([]), "")
 
 
+def test_the_viewer_shows_compares_baseline_under_its_first_seed():
+    from vcloud.config.experiments import baseline_run
+    from vcloud.workflow import viewer_comparison_flags
+
+    experiments = [{"name": "a"}, {"name": "b", "overrides": {"stage3": {"train": {"lr": 1.0e-4}}}}]
+    runs = plan(experiments=experiments, seeds=[3, 1])
+    assert baseline_run({}, runs).prefix == "/a/seed3"  # the first experiment, the first seed listed
+    chosen = baseline_run({"compare": {"baseline": "b"}}, runs)
+    assert (chosen.experiment, chosen.seed) == ("b", 3)
+    assert viewer_comparison_flags("results/compare.json", experiment="b", seed=3) == (
+        " --comparison results/compare.json --run b 3"
+    )
+    # The model config's own seeds: "-" as vcloud compare's flags write them; a single run: nothing.
+    assert viewer_comparison_flags("r/c.json", experiment="a", seed=None).endswith("--run a -")
+    assert viewer_comparison_flags(None, experiment="base", seed=None) == ""
+
+
 def test_run_config_writes_the_resolved_config_and_refuses_an_unknown_key(tmp_path, capsys):
     out = tmp_path / "model.yaml"
     assert (

@@ -1,4 +1,5 @@
-"""Viewer export: stretches and PNG bytes, sample picking, the page, and a whole export on tiny models."""
+"""Viewer export: stretches and PNG bytes, sample picking, the page, and a whole export on tiny models;
+a research run's page with the comparison of its runs ("Experiments compared")."""
 
 import io
 import json
@@ -175,3 +176,136 @@ def test_export_refuses_zero_samples(tiny_store, tmp_path):
         export_viewer(
             store=tiny_store, checkpoints={}, config_path=tmp_path / "x.yaml", out=tmp_path / "v", samples=0, seed=0
         )
+
+
+# --- a research run's viewer: the comparison of the runs on the page ---------------------------
+
+
+def _report(folder: Path, name: str, psnr: list[float]) -> Path:
+    """A stage-2 evaluation report of the fixed protocol on two samples at locations 0 and 1."""
+    protocol = {
+        "protocol": {"protocol": "fixed", "dates": 4},
+        "samples": len(psnr),
+        "cloud_class": ["thin"] * len(psnr),
+        "location": [0, 1],
+        "model": {"per_sample": {"psnr": psnr}},
+    }
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps({"stage": 2, "protocols": {"fixed": protocol}}))
+    return path
+
+
+@pytest.fixture
+def comparison(tmp_path):
+    """results/compare.json of base and s1 under seeds 0 and 1, on val and test (vcloud compare)."""
+    from vcloud.evaluation.compare import write_run_comparison
+
+    test = {("base", 0): [30.0, 32.0], ("base", 1): [32.0, 34.0], ("s1", 0): [31.0, 33.0], ("s1", 1): [35.0, 37.0]}
+    val = {("base", 0): [20.0, 22.0], ("base", 1): [20.0, 22.0], ("s1", 0): [21.0, 23.0], ("s1", 1): [21.0, 23.0]}
+    reports = [(e, s, _report(tmp_path, f"t_{e}{s}", v)) for (e, s), v in test.items()]
+    val_reports = [(e, s, _report(tmp_path, f"v_{e}{s}", v)) for (e, s), v in val.items()]
+    path = tmp_path / "compare.json"
+    write_run_comparison(reports, path, baseline="base", val_reports=val_reports, markdown_out=tmp_path / "compare.md")
+    return path
+
+
+def test_the_comparison_is_embedded_with_the_cells_of_compare_md(comparison):
+    from vcloud.export.viewer import comparison_section
+
+    section = comparison_section(comparison, run=("base", "0"))
+    # The cells as results/compare.md has them: its table rows, cell for cell, in its order.
+    markdown = [line for line in (comparison.parent / "compare.md").read_text().splitlines() if line.startswith("|")]
+    assert markdown[0] == "| " + " | ".join(section["header"]) + " |"
+    (table,) = section["tables"]
+    assert table["stage"] == 2
+    assert ["| " + " | ".join(row["cells"]) + " |" for row in table["rows"]] == markdown[2:]
+    # Worked out by hand: seed means 31, 33 and 32, 36; differences 1 and 3 per seed, the same at
+    # both samples, so only the seed level: se 1, t(0.975, 1 df) = 12.706.
+    by = {(row["split"], row["experiment"]): row["cells"] for row in table["rows"]}
+    assert by["test", "s1"] == ["fixed", "test", "s1", "2", "32.00", "36.00", "34.00 ± 2.83", "+2.00 [-10.71, +14.71]"]
+    assert by["val", "base"][-1] == "baseline" and [r["split"] for r in table["rows"]] == ["val", "val", "test", "test"]
+    assert section["decided_on"] == "val" and section["baseline"] == "base"
+    assert section["notes"][1].startswith("Designs are chosen on the val split")  # plain text, no Markdown
+    assert (
+        section["shown"] == "The samples below are one run's: base, seed 0 (the baseline). The tables are every run's."
+    )
+    assert "(the baseline)" not in comparison_section(comparison, run=("s1", "1"))["shown"]
+
+
+def test_the_comparison_scripts_are_on_a_research_page_only(comparison):
+    from vcloud.export.viewer import comparison_section
+
+    data = {"title": "t", "samples": []}
+    assets = ROOT / "src/vcloud/export/assets"
+    script, style = (assets / "experiments.js").read_text(), (assets / "experiments.css").read_text()
+    plain = render_page(data)
+    assert script not in plain and style not in plain and "Experiments compared" not in plain
+    page = render_page({**data, "comparison": comparison_section(comparison, run=("base", "0"))})
+    assert script in page and style in page
+    assert page.index((assets / "viewer.js").read_text()) < page.index(script)  # after the viewer's own
+    payload = json.loads(page.split('id="viewer-data">', 1)[1].split("</script>", 1)[0])
+    assert payload["comparison"]["tables"][0]["rows"][3]["cells"][-1] == "+2.00 [-10.71, +14.71]"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{not json", "not a comparison of runs from vcloud compare (JSONDecodeError"),
+        ('{"metric": "psnr", "baseline": "base", "decided_on": "test", "seeds": [0]}', "it lacks rows"),
+        ('{"metric": "psnr", "baseline": "b", "decided_on": "test", "seeds": [0], "rows": []}', "its rows are empty"),
+        ('{"metric": "psnr", "baseline": "b", "decided_on": "test", "seeds": [0], "rows": [{"stage": 1}]}', "KeyError"),
+        ("[1, 2]", "a JSON list, not an object"),
+    ],
+)
+def test_a_bad_comparison_is_one_line_naming_the_file(tmp_path, text, message):
+    from vcloud.errors import BadInputError
+    from vcloud.export.viewer import comparison_section
+
+    path = tmp_path / "compare.json"
+    path.write_text(text)
+    with pytest.raises(BadInputError) as err:
+        comparison_section(path, run=("base", "0"))
+    assert str(err.value).startswith(f"{path}: ") and message in str(err.value), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_cli_export_viewer_refuses_a_bad_comparison_before_writing_anything(comparison, tiny_store, tmp_path, capsys):
+    from vcloud.cli import main
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"metric": "psnr"}')
+    flags = [a for n in range(4) for a in (f"--stage{n}", str(tmp_path / f"nothing/stage{n}/best.pt"))]
+    args = [
+        "export-viewer",
+        "--store",
+        str(tiny_store),
+        *flags,
+        "--config",
+        str(ROOT / "tests/workflow/tiny_models.yaml"),
+    ]
+    args += ["--out", str(tmp_path / "v")]
+    for extra, says in [
+        (["--comparison", str(bad), "--run", "base", "0"], f"{bad}: not a comparison of runs"),
+        (["--comparison", str(comparison), "--run", "other", "0"], "--run other 0: not a run of"),
+        (["--comparison", str(comparison)], "--comparison: give --run EXPERIMENT SEED too"),
+        (["--run", "base", "0"], "--run: names the run of a research run's viewer"),
+    ]:
+        assert main([*args, *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and says in err, err
+        assert not (tmp_path / "v").exists()
+
+
+def test_export_with_a_comparison_adds_it_and_changes_nothing_else(comparison, tiny_checkpoints, tiny_store, tmp_path):
+    checkpoints = {n: tiny_checkpoints / f"results/stage{n}/best.pt" for n in range(4)}
+    common = {"store": tiny_store, "checkpoints": checkpoints, "config_path": tiny_checkpoints / "models.yaml"}
+    plain = export_viewer(**common, out=tmp_path / "plain", samples=1, seed=0)
+    research = export_viewer(
+        **common, out=tmp_path / "research", samples=1, seed=0, comparison=comparison, run=("s1", "1")
+    )
+    assert {k: v for k, v in research.items() if k != "comparison"} == plain
+    assert research["comparison"]["run"] == {"experiment": "s1", "seed": "1"}
+    page = (tmp_path / "research/index.html").read_text()
+    assert json.loads(page.split('id="viewer-data">', 1)[1].split("</script>", 1)[0]) == research
+    images = sorted(p.name for p in (tmp_path / "plain/images").iterdir())
+    assert sorted(p.name for p in (tmp_path / "research/images").iterdir()) == images

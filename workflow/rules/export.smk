@@ -78,7 +78,8 @@ for stage in STAGE_NUMBERS:
             " {params.env} > {log} 2>&1"
 
 
-# The offline viewer: quicklooks of test samples through every stage, one static page.
+# The offline viewer: quicklooks of test samples through every stage, one static page. A research
+# run has one, of compare's baseline under its first seed, with the comparison of every run on it.
 rule export_viewer:
     input:
         **get_viewer_input(),
@@ -102,15 +103,17 @@ rule export_viewer:
     resources:
         **get_slurm_resources("export_viewer"),
     params:
-        config=get_model_config(),
+        config=get_viewer_model_config(),
         checkpoints=lambda wildcards, input: get_checkpoint_flags(input),
         out=lambda wildcards, output: str(Path(output.page).parent),
         samples=config["viewer"]["samples"],
         seed=config["viewer"]["seed"],
+        # A function of input (not a rerun trigger of its own; the inputs are): empty for a single run.
+        comparison=lambda wildcards, input: get_viewer_comparison_flags(input),
     shell:
         "vcloud export-viewer --store {input.store} {params.checkpoints}"
         " --config {params.config} --out {params.out} --samples {params.samples}"
-        " --seed {params.seed} --fixed-protocol {input.fixed_protocol} > {log} 2>&1"
+        " --seed {params.seed} --fixed-protocol {input.fixed_protocol}{params.comparison} > {log} 2>&1"
 
 
 # Run report (`snakemake --report report.html`): training curves, evaluation tables, accounting.

@@ -7,6 +7,7 @@
 # that run's model set and paths.
 from vcloud import workflow as logic
 from vcloud.config import config_hash, stage_config_dict
+from vcloud.config.experiments import baseline_run
 from vcloud.errors import ConfigError
 from vcloud.registry import STAGE_NUMBERS, VIEWER_STAGES
 
@@ -191,10 +192,14 @@ def get_compare_flags():
 
 def get_all_outputs():
     """What `all` asks for: the single run's every output, or each research run's checkpoints,
-    evaluations and stage tables, the comparison of the runs and the accounting."""
+    evaluations and stage tables, the comparison of the runs, the viewer (the baseline's) and the
+    accounting."""
     if not RESEARCH:
         return RUN.final_outputs(MODEL_SET.name)
-    return get_research_outputs() + [RUN.report_file("accounting.tsv")]
+    return get_research_outputs() + [
+        RUN.viewer_page(),
+        RUN.report_file("accounting.tsv"),
+    ]
 
 
 def get_comparison_outputs():
@@ -216,20 +221,50 @@ def get_research_outputs():
 
 def get_accounting_input():
     if RESEARCH:
-        return get_research_outputs() + get_comparison_outputs()
+        return get_research_outputs() + get_comparison_outputs() + [RUN.viewer_page()]
     return RUN.accounting_inputs()
+
+
+def get_viewer_run():
+    """(Run, RunPaths) whose samples the viewer shows: the single run, or in a research run
+    compare's baseline experiment under its first seed (beside the comparison of every run).
+    """
+    if not RESEARCH:
+        return RUNS[0], RUN
+    return RUN_OF[baseline_run(config, RUNS).prefix]
 
 
 def get_viewer_input():
     """The test split, the checkpoints of the shown stages' predictors, the wind cache and the
-    fixed protocol's detection."""
+    fixed protocol's detection, of the run the viewer shows (another run's where it shares them);
+    in a research run also that run's model config and the comparison of the runs."""
+    run, paths = get_viewer_run()
     inputs = logic.viewer_inputs(
         VIEWER_STAGES,
-        store=RUN.split_store("test"),
-        checkpoint_path=RUN.checkpoint,
-        wind_cache=get_wind_cache_input(),
+        store=paths.split_store("test"),
+        checkpoint_path=paths.checkpoint,
+        wind_cache=get_wind_cache_input(run.model_set, paths),
     )
-    return {**inputs, "fixed_protocol": RUN.fixed_protocol()}
+    inputs["fixed_protocol"] = paths.fixed_protocol()
+    if RESEARCH:
+        inputs["model_config"] = ancient(paths.run_model_config())
+        inputs["comparison"] = RUN.comparison()
+    return inputs
+
+
+def get_viewer_model_config():
+    """The viewer's --config: config.model_config, or the shown research run's own (run_config)."""
+    return get_viewer_run()[1].run_model_config() if RESEARCH else get_model_config()
+
+
+def get_viewer_comparison_flags(input):
+    """--comparison results/compare.json --run EXPERIMENT SEED of a research run's viewer (with a
+    leading space); nothing for a single run, whose command line stays as it was."""
+    run = get_viewer_run()[0]
+    comparison = input.comparison if RESEARCH else None
+    return logic.viewer_comparison_flags(
+        comparison, experiment=run.experiment, seed=run.seed
+    )
 
 
 def is_rehearsal():

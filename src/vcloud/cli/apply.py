@@ -137,6 +137,18 @@ def add_export_viewer(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="which samples are shown")
     p.add_argument("--wind-cache", type=Path, help="wind-scanner cache (when stage1.model.wind_scan)")
     p.add_argument("--fixed-protocol", type=Path, metavar="PATH", help=FIXED_PROTOCOL_HELP)
+    p.add_argument(
+        "--comparison",
+        type=Path,
+        metavar="PATH",
+        help="a research run's results/compare.json (vcloud compare): its tables go on the page",
+    )
+    p.add_argument(
+        "--run",
+        nargs=2,
+        metavar=("EXPERIMENT", "SEED"),
+        help="with --comparison: the run the checkpoints are of, named on the page (SEED - without a seeds list)",
+    )
     p.set_defaults(func=run_export_viewer)
 
 
@@ -153,4 +165,6 @@ def run_export_viewer(args: argparse.Namespace) -> None:
             seed=args.seed,
             wind_cache=model.wind_cache,
             fixed_protocol=args.fixed_protocol,
+            comparison=args.comparison,
+            run=args.run,
         )

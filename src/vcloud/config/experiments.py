@@ -105,8 +105,8 @@ def rehearsed_run(config: dict, runs: list[Run]) -> Run:
     names = list(dict.fromkeys(run.experiment for run in runs))
     chosen = (config.get("rehearsal") or {}).get("experiment")
     if chosen is None:
-        chosen = baseline(config, runs)
-    elif chosen not in names:
+        return baseline_run(config, runs)
+    if chosen not in names:
         raise ConfigError(f"rehearsal.experiment: {chosen!r} is not an experiment ({', '.join(names)})")
     return next(run for run in runs if run.experiment == chosen)
 
@@ -156,6 +156,13 @@ def baseline(config: dict, runs: list[Run]) -> str:
     if chosen not in names:
         raise ConfigError(f"compare.baseline: {chosen!r} is not an experiment ({', '.join(names)})")
     return chosen
+
+
+def baseline_run(config: dict, runs: list[Run]) -> Run:
+    """Compare's baseline experiment under its first seed (`seeds:` order): the run a research
+    run's viewer shows beside the comparison, and the one a rehearsal tries by default."""
+    chosen = baseline(config, runs)
+    return next(run for run in runs if run.experiment == chosen)
 
 
 def _experiments(config: dict, base: dict) -> list[tuple[str, str, dict]]:

@@ -278,32 +278,70 @@ def runs_markdown(comparison: dict) -> str:
     """The comparison of runs as Markdown: one table per stage, a row per protocol and experiment
     with each seed's PSNR, the mean ± std over seeds and the paired difference from the baseline
     with its interval."""
+    layout = runs_tables(comparison)
+    header = layout["header"]
+    lines = [layout["notes"][0], "", layout["notes"][1]]
+    for table in layout["tables"]:
+        lines += ["", f"### Stage {table['stage']}", "", "| " + " | ".join(header) + " |"]
+        lines.append("| --- | --- | --- | " + " | ".join(["--:"] * (len(header) - 3)) + " |")
+        lines += ["| " + " | ".join(row["cells"]) + " |" for row in table["rows"]]
+    return "\n".join(lines) + "\n"
+
+
+def runs_tables(comparison: dict, *, markup: bool = True) -> dict:
+    """The comparison of runs laid out once for every reader of it (results/compare.md, the
+    viewer's "Experiments compared"): {"notes": [what the numbers are, which split decides],
+    "header": [...], "tables": [{"stage", "rows": [{"split", "experiment", "cells": [...]}]}]},
+    every cell formatted. `markup`: the notes' names in Markdown code and bold (else plain text).
+    """
+    code, strong = (lambda s: f"`{s}`", lambda s: f"**{s}**") if markup else (str, str)
     seeds = [str(s) for s in comparison["seeds"]]
+    baseline = comparison["baseline"]
     level = next((r["difference"]["ci_level"] for r in comparison["rows"] if r["difference"]), 0.95)
     decided = comparison["decided_on"]
-    lines = [
-        f"Mean {comparison['metric'].upper()} (dB) per run; difference from `{comparison['baseline']}`, "
+    notes = [
+        f"Mean {comparison['metric'].upper()} (dB) per run; difference from {code(baseline)}, "
         f"paired by sample and seed, with its {level:.0%} interval (seed level and location clustering).",
-        "",
-        f"Designs are chosen on the **{decided}** split (rows `{decided}`)"
+        f"Designs are chosen on the {strong(decided)} split (rows {code(decided)})"
         + ("; the test rows report what was chosen, nothing is chosen on them." if decided == "val" else "."),
     ]
+    columns = [f"seed {s}" if s != "None" else "value" for s in seeds]
+    header = ["protocol", "split", "experiment", "samples", *columns, "mean ± std", "difference [CI]"]
+    tables = []
     for stage in sorted({r["stage"] for r in comparison["rows"]}):
-        columns = [f"seed {s}" if s != "None" else "value" for s in seeds]
-        header = ["protocol", "split", "experiment", "samples", *columns, "mean ± std", "difference [CI]"]
-        lines += ["", f"### Stage {stage}", "", "| " + " | ".join(header) + " |"]
-        lines.append("| --- | --- | --- | " + " | ".join(["--:"] * (len(header) - 3)) + " |")
         rows = sorted(
             (r for r in comparison["rows"] if r["stage"] == stage),
             key=lambda r: (_protocol_order(r["protocol"]), r["split"] != "val"),
         )
+        laid = []
         for r in rows:
             std = "" if r["std"] is None else f" ± {r['std']:.2f}"
             cells = [r["protocol"], r["split"], r["experiment"], str(r["samples"])]
             cells += [_fmt(r["per_seed"].get(s)) for s in seeds]
-            cells += [f"{_fmt(r['mean'])}{std}", _difference(r, comparison["baseline"])]
-            lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+            cells += [f"{_fmt(r['mean'])}{std}", _difference(r, baseline)]
+            laid.append({"split": r["split"], "experiment": r["experiment"], "cells": cells})
+        tables.append({"stage": stage, "rows": laid})
+    return {"notes": notes, "header": header, "tables": tables}
+
+
+def read_run_comparison(path: Path) -> dict:
+    """vcloud compare's JSON (results/compare.json), checked by laying it out (runs_tables):
+    BadInputError in one line naming the file when it is not one."""
+    try:
+        comparison = json.loads(Path(path).read_text())
+        if not isinstance(comparison, dict):
+            raise TypeError(f"a JSON {type(comparison).__name__}, not an object")
+        missing = [key for key in ("metric", "baseline", "decided_on", "seeds", "rows") if key not in comparison]
+        if missing:
+            raise ValueError(f"it lacks {', '.join(missing)}")
+        if not comparison["rows"]:
+            raise ValueError("its rows are empty")
+        runs_tables(comparison)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as err:
+        raise BadInputError(
+            f"{path}: not a comparison of runs from vcloud compare ({type(err).__name__}: {err})"
+        ) from None
+    return comparison
 
 
 def _difference(row: dict, baseline: str) -> str:

@@ -11,6 +11,11 @@ the metrics of every stage and both baselines.
 The page (assets/index.html, viewer.css, viewer.js inlined, the data as JSON in a script
 tag) needs no network, no server and no build step: it opens from file:// as well as over
 `python -m http.server`. Same checkpoints, store and settings: byte-identical files.
+
+A research run's viewer (`--comparison results/compare.json --run EXPERIMENT SEED`) also shows
+the section "Experiments compared": vcloud compare's tables, their cells formatted here as in
+results/compare.md (compare.runs_tables), laid out by assets/experiments.js. Those assets are
+inlined only then: a page without a comparison is the same bytes as before it existed.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from vcloud.config import load_model_config
 from vcloud.constants import CLOUD_CLASSES, S2_CHANNELS
 from vcloud.errors import ConfigError
 from vcloud.evaluation.baselines import least_cloudy, median_mosaic
+from vcloud.evaluation.compare import read_run_comparison, runs_tables
 from vcloud.evaluation.metrics import compute_all
 from vcloud.evaluation.predict import build_predictor
 from vcloud.evaluation.protocols import EVAL_SEED, fixed_samples
@@ -50,6 +56,8 @@ THUMBNAIL_ROWS = 6
 SHOWN = tuple(get_stage(n) for n in VIEWER_STAGES)  # registry: stages with a viewer_label
 LAST = SHOWN[-1].name  # the pipeline's output: its error layer, the page's sort order
 THUMBNAIL_LAYERS = ("input", *(stage.name for stage in SHOWN), "truth", "error")
+# Inlined after viewer.css and viewer.js when the page has a comparison of runs (data["comparison"]).
+COMPARISON_ASSETS = ("experiments.css", "experiments.js")
 
 
 def needed_checkpoints() -> tuple[int, ...]:
@@ -86,6 +94,39 @@ def pick_samples(total: int, count: int, seed: int) -> list[int]:
         return []
     chosen = np.random.default_rng(seed).choice(total, size=min(count, total), replace=False)
     return sorted(int(i) for i in chosen)
+
+
+def comparison_section(path: Path, *, run: tuple[str, str] | None) -> dict:
+    """The page's "Experiments compared" of a research run: vcloud compare's JSON `path` laid out
+    as results/compare.md lays it out (every cell formatted here; the page only places them), and
+    which run's samples the page shows, `run` = (experiment, seed; "-": the model config's seeds).
+    BadInputError naming the file for one that is not a comparison; ConfigError for a `run` it
+    does not have."""
+    comparison = read_run_comparison(path)
+    if run is None:
+        raise ConfigError("--comparison: give --run EXPERIMENT SEED too, the run whose checkpoints the page shows")
+    experiment, seed = str(run[0]), str(run[1])
+    experiments = list(dict.fromkeys(row["experiment"] for row in comparison["rows"]))
+    seeds = ["-" if s is None else str(s) for s in comparison["seeds"]]
+    if experiment not in experiments or seed not in seeds:
+        raise ConfigError(
+            f"--run {experiment} {seed}: not a run of {path} (experiments {', '.join(experiments)}; "
+            f"seeds {', '.join(seeds)})"
+        )
+    layout = runs_tables(comparison, markup=False)
+    who = f"{experiment}, seed {seed}" if seed != "-" else f"{experiment} (the model config's seeds)"
+    role = " (the baseline)" if experiment == comparison["baseline"] else ""
+    return {
+        "title": "Experiments compared",
+        "source": str(path),
+        "baseline": comparison["baseline"],
+        "decided_on": comparison["decided_on"],
+        "run": {"experiment": experiment, "seed": seed},
+        "notes": layout["notes"],
+        "shown": f"The samples below are one run's: {who}{role}. The tables are every run's.",
+        "header": layout["header"],
+        "tables": layout["tables"],
+    }
 
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:
@@ -134,13 +175,21 @@ def export_viewer(
     seed: int,
     wind_cache: Path | None = None,
     fixed_protocol: Path | None = None,
+    comparison: Path | None = None,
+    run: tuple[str, str] | None = None,
 ) -> dict:
     """Write out/index.html, out/images/*.png and out/thumbnails.png; return the page's data.
 
     `checkpoints` maps stage numbers to best.pt paths: those of needed_checkpoints();
-    `fixed_protocol`: the detection of `vcloud fixed-protocol` for this store and config."""
+    `fixed_protocol`: the detection of `vcloud fixed-protocol` for this store and config;
+    `comparison`: a research run's results/compare.json, shown above the samples, and `run`
+    (experiment, seed) the run the checkpoints are of (comparison_section)."""
     if samples < 1:
         raise ConfigError(f"--samples: {samples}; the viewer shows at least one sample")
+    if run is not None and comparison is None:
+        raise ConfigError("--run: names the run of a research run's viewer; give --comparison too")
+    # Read before anything is computed or written: a bad file stops the export in one line.
+    section = None if comparison is None else comparison_section(comparison, run=run)
     command = "vcloud export-viewer"
     checkpoints = require_checkpoints(needed_checkpoints(), checkpoints, command=command)
     cfg = load_model_config(config_path)
@@ -201,6 +250,8 @@ def export_viewer(
             "sort_method": LAST,
             "samples": entries,
         }
+        if section is not None:
+            data["comparison"] = section
         if sheet_rows:
             im.write_png(staging / THUMBNAILS, _contact_sheet(sheet_rows))
         else:
@@ -225,9 +276,13 @@ def render_page(data: dict) -> str:
     """index.html with the CSS, the script and the data inlined (no fetch: file:// works)."""
     payload = json.dumps(data, indent=None, separators=(",", ":"))
     payload = payload.replace("</", "<\\/")  # never closes the script element early
+    css, script = _asset("viewer.css"), _asset("viewer.js")
+    if "comparison" in data:  # only then: a page without one keeps its bytes
+        css += "\n" + _asset(COMPARISON_ASSETS[0])
+        script += "\n" + _asset(COMPARISON_ASSETS[1])
     values = {
-        "/*VCLOUD_CSS*/": _asset("viewer.css"),
-        "/*VCLOUD_JS*/": _asset("viewer.js"),
+        "/*VCLOUD_CSS*/": css,
+        "/*VCLOUD_JS*/": script,
         "VCLOUD_DATA": payload,
         "VCLOUD_TITLE": html.escape(data["title"]),
     }
