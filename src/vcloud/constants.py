@@ -1,4 +1,5 @@
-"""Facts about SEN12MS-CR-TS and the prepared store, defined once for the whole package."""
+"""Facts about SEN12MS-CR-TS and the prepared store, and the memory margin every GPU check
+keeps, defined once for the whole package."""
 
 from __future__ import annotations
 
@@ -44,3 +45,11 @@ CLOUD_CLASS_MISSING = -1  # cloud_class value of an image that is missing or bad
 
 STORE_FORMAT_VERSION = 2  # 2: zarr v3 shards (one file per location and image variable), crc32c per chunk
 SPLITS: tuple[str, ...] = ("train", "val", "test")
+
+# What the training memory estimate (models/memory.py, runtime/stage_memory.py) leaves out:
+# allocator reserve and fragmentation, cuDNN/MIOpen workspaces, the GPU context. On an H100 the
+# memory torch reserved was up to 1.17x the estimate (stage 2, full config, docs/performance.md),
+# the allocated peak within -8..+4 % of it. A stage fits a GPU when its estimate x this does: the
+# doctor refuses the others, `vcloud memory` says which fit and sizes its largest batch by it.
+# Here, not beside the estimator, since the doctor runs where torch is not installed.
+MEMORY_MARGIN = 1.2

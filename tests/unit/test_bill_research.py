@@ -168,3 +168,130 @@ def test_a_grids_rehearsal_bills_one_run_and_says_which(lumi, tmp_path, monkeypa
         assert bill_lines(report, f"evaluate_stage{n}")[0][0] == 2
     total = next(x for x in report.lines if x.startswith("  total "))
     assert float(total.split()[1]) < 1.0, total
+
+
+# --- samples per epoch ------------------------------------------------------------------------
+
+
+def base_model_config(tmp_path, samples: int) -> Path:
+    """full.yaml with `samples` random samples per epoch (its own: one per training location),
+    stage 1's key written out so that an experiment may change it."""
+    import yaml
+
+    from vcloud.config.model_sets import model_config_data
+
+    data = model_config_data(REPO / "config" / "models" / "full.yaml")
+    data["data"]["samples_per_epoch"] = samples
+    data["stage1"]["train"]["samples_per_epoch"] = None
+    path = tmp_path / "base.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def grid_over(lumi, model_config: Path, *experiments) -> dict:
+    grid = copy.deepcopy(lumi)
+    grid["model_config"] = str(model_config)
+    grid["experiments"], grid["seeds"] = [{"name": "base"}, *experiments], [0]
+    return grid
+
+
+def test_an_experiment_with_twice_a_stages_samples_per_epoch_bills_twice_its_epoch_hours(lumi, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    base = base_model_config(tmp_path, 1000)
+    twice = {"name": "twice", "overrides": {"stage1": {"train": {"samples_per_epoch": 2000}}}}
+    report = doctor(grid_over(lumi, base, twice), base)
+    assert report.errors == []
+    (jobs, why, expected, worst), (_, twice_why, twice_expected, twice_worst) = bill_lines(report, "train_stage1")
+    assert (jobs, why, twice_why) == (
+        1,
+        "2 experiments x 1 seeds; trained by base",
+        "2 experiments x 1 seeds; trained by twice",
+    )
+    # config/lumi.yaml: stage 1 at 27 min per epoch for base.yaml's 1000 samples, 100 epochs, in
+    # 72 h jobs (4305 min of training each), 10 min per start, 0.5 GPU-h per GCD-hour. base: 2700
+    # min, one job. twice: 2000 samples, 54 min per epoch, 5400 min: two jobs, two starts.
+    assert expected == pytest.approx(0.5 * (100 * 27 + 10) / 60, abs=0.05)
+    assert twice_expected == pytest.approx(0.5 * (100 * 54 + 2 * 10) / 60, abs=0.05)
+    # The rule's retries are the longest training's for every job of it: 1 + 2 spare, 4 attempts.
+    assert worst == twice_worst == pytest.approx(0.5 * 4 * 72)
+    line = next(x for x in report.lines if x.startswith("  train_stage1 ") and "trained by twice" in x)
+    assert "100 epochs x 27.0 min estimated x 2000/1000 samples per epoch (this run's / " in line, line
+    assert "base.yaml's) + 2 x 10 min start" in line, line
+    assert any(
+        re.match(r"^  train_stage1 +100 epochs x 27.0 min \(estimated\) x 2000/1000 .*: 3 retries$", x)
+        for x in report.lines
+    )
+    for rule in ("train_stage0", "train_stage2", "train_stage3"):  # their samples are base's in both runs
+        assert all("samples per epoch" not in x for x in report.lines if x.startswith(f"  {rule} "))
+
+
+def test_an_experiment_that_changes_data_samples_per_epoch_scales_every_stage(lumi, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    base = base_model_config(tmp_path, 1000)
+    twice = {"name": "twice", "overrides": {"data": {"samples_per_epoch": 2000}}}
+    report = doctor(grid_over(lumi, base, twice), base)
+    assert report.errors == []
+    # (epochs, config/lumi.yaml's minutes per epoch, jobs the doubled epochs need): stage 3 in 48 h
+    # jobs (2865 min of training), the others in 72 h jobs (4305 min).
+    for n, epochs, minutes, jobs in ((0, 50, 32, 1), (1, 100, 27, 2), (2, 50, 30, 1), (3, 10, 100, 1)):
+        (_, _, expected, _), (_, why, doubled, _) = bill_lines(report, f"train_stage{n}")
+        assert why.endswith("trained by twice")
+        assert expected == pytest.approx(0.5 * (epochs * minutes + 10) / 60, abs=0.06), n
+        assert doubled == pytest.approx(0.5 * (epochs * 2 * minutes + jobs * 10) / 60, abs=0.06), n
+
+
+def test_a_rehearsed_epoch_time_is_scaled_from_the_samples_the_rehearsal_measured_it_at(lumi, tmp_path, monkeypatch):
+    import json
+
+    from vcloud.runtime.doctor import measured_epoch_minutes
+
+    monkeypatch.chdir(tmp_path)
+    summary = tmp_path / "results-rehearsal" / "rehearsal.json"
+    summary.parent.mkdir()
+    summary.write_text(
+        json.dumps(
+            {
+                "passed": True,
+                "epoch_minutes": {"train_stage1": 30.0},
+                "epoch_samples": {"train_stage1": 1500},
+                "train_locations": 1500,
+            }
+        )
+    )
+    cluster = Cluster.from_config(lumi)
+
+    def stage1_line(config, model_config):
+        report = preflight(
+            config,
+            load_model_config(model_config),
+            apptainer_args=cluster.apptainer_args(),
+            precommand=cluster.precommand(),
+            train_inputs=INPUTS,
+            memory=False,
+            epoch_minutes=measured_epoch_minutes(config),
+        )
+        bill = next(x for x in report.lines if x.startswith("  train_stage1 ") and "GPU-h/h" in x)
+        return bill_lines(report, "train_stage1"), bill
+
+    # full.yaml: one sample per training location, the 1500 the rehearsal counted: its 30 min.
+    ((_, _, expected, _),), line = stage1_line(lumi, REPO / "config" / "models" / "full.yaml")
+    assert expected == pytest.approx(0.5 * (100 * 30 + 10) / 60, abs=0.05) and "samples per epoch" not in line
+    # 3000 samples per epoch: twice the rehearsal's 1500, 60 min per epoch, 6000 min in two jobs.
+    single = copy.deepcopy(lumi)
+    single["model_config"] = str(base_model_config(tmp_path, 3000))
+    ((_, _, expected, _),), line = stage1_line(single, single["model_config"])
+    assert expected == pytest.approx(0.5 * (100 * 60 + 2 * 10) / 60, abs=0.05)
+    assert "100 epochs x 30.0 min measured x 3000/1500 samples per epoch (this run's / the rehearsal's)" in line
+
+
+def test_samples_per_epoch_against_uncounted_locations_are_billed_unscaled_and_say_so(lumi, tmp_path, monkeypatch):
+    """LUMI's full.yaml takes one sample per training location, not counted before a rehearsal:
+    an experiment's own number cannot be set against it, and its line says so."""
+    monkeypatch.chdir(tmp_path)
+    fixed = {"name": "fixed", "overrides": {"data": {"samples_per_epoch": 5000}}}
+    report = doctor(grid_over(lumi, REPO / "config" / "models" / "full.yaml", fixed))
+    (_, _, expected, _), (_, _, fixed_expected, _) = bill_lines(report, "train_stage1")
+    assert fixed_expected == pytest.approx(expected)
+    line = next(x for x in report.lines if x.startswith("  train_stage1 ") and "trained by fixed" in x)
+    assert "(not scaled to this run's 5000 samples per epoch from " in line, line
+    assert "full.yaml's one per training location: the training locations are not counted before a rehearsal)" in line

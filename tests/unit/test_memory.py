@@ -127,6 +127,18 @@ def test_cli_text_and_json(small, monkeypatch):
     ):
         assert label in text
     assert "| gate_chunk |" in text
+    largest = result["max_batch_all_optimisations"]
+    assert f"a batch of up to {largest} fits in 64 GB with the 20% margin" in text
+    assert "fits in 64 GB with the 20% margin (as `vcloud doctor` checks it on the partition's GPU)" in text
+
+
+def test_the_largest_batch_keeps_the_doctors_margin():
+    """`vcloud memory`'s largest batch is the largest whose total x 1.2 fits the GPU (the doctor's
+    margin), not the one that fills it: 4 GB fixed and 1 GB a sample on 64 GB take 49 (53 GB,
+    63.6 GB with the margin), not 60."""
+    assert memory.largest_batch(fixed_bytes=4e9, per_sample_bytes=1e9, device_gb=64.0) == 49
+    assert memory.fits(53.0, 64.0) and not memory.fits(54.0, 64.0)
+    assert memory.largest_batch(fixed_bytes=60e9, per_sample_bytes=1e9, device_gb=64.0) == 0
 
 
 # --- the estimate against a real CPU step ---------------------------------------------------

@@ -196,6 +196,7 @@ def test_summary_passes_on_a_complete_rehearsal_and_gives_the_epoch_minutes(tmp_
         miopen_cache="/tmp/{user}-miopen-cache-{node}",
         transport=tmp_path / "transport.json",
         full_samples_per_epoch={"stage0": 600, "stage1": 1200, "stage2": 600, "stage3": 600},
+        train_locations=600,
         stage1_estimate_gb=6.1,
     )
     assert summary["passed"], summary["problems"]
@@ -210,6 +211,8 @@ def test_summary_passes_on_a_complete_rehearsal_and_gives_the_epoch_minutes(tmp_
     )
     # 0.25 s per sample: 1200 samples = 5 minutes of stage 1.
     assert summary["epoch_minutes"]["train_stage1"] == 5.0
+    # What those minutes are for, which the bill scales other samples per epoch from.
+    assert summary["epoch_samples"]["train_stage1"] == 1200 and summary["train_locations"] == 600
     assert summary["stage1_memory"] == {"peak_gb": 12.0, "estimate_gb": 6.1}
     assert any("resources.train_stage1.epoch_minutes: 5.0" in line for line in rehearsal.lines(summary))
 

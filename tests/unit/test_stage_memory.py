@@ -253,6 +253,28 @@ def test_the_doctor_keeps_a_margin_for_what_the_estimate_leaves_out():
     assert "turn on stage1.model.optimisations.grad_checkpoint" in report.errors[0]
 
 
+def test_vcloud_memory_and_the_doctor_agree_within_the_margin():
+    """Stage 0 of the small config on a GPU 10 % larger than its estimate: it fits on paper, not
+    with the 20 % margin, so `vcloud memory --stage 0` says it does not fit and the doctor refuses
+    it; on a GPU 25 % larger both take it."""
+    cfg = small_without_wind()
+    result = stage_memory.estimate_stage(cfg, 0, every=False)
+    gb = result["gb_configured"]
+    for device, fits in ((round(gb * 1.1, 2), False), (round(gb * 1.25, 2), True)):
+        # what `vcloud memory --stage 0` prints on a GPU of `device` GB
+        text = stage_memory.format_stage_table({**result, "device_gb": device})
+        verdict = "fits" if fits else "does NOT fit"
+        assert f"{verdict} in {device:g} GB with the 20% margin" in text, text
+        config = saga()
+        config["cluster"]["partitions"]["accel"]["gpu"]["memory_gb"] = device
+        report = Report()
+        check_memory(
+            cfg, Cluster.from_config(config), report, estimates={"stage0": result}, partitions={"stage0": "accel"}
+        )
+        assert bool(report.errors) != fits, (device, report.errors)
+    assert report.errors == [] and gb <= round(gb * 1.1, 2) < gb * 1.2  # the first GPU held it on paper
+
+
 @pytest.mark.slow  # four estimates at 256 px: over 10 s here
 def test_preflight_estimates_each_stage_on_the_partition_it_runs_on(tmp_path, monkeypatch):
     """The doctor's own estimates (no figures given): the small models with stage 2's batch raised

@@ -31,7 +31,8 @@ storages, parameters excluded), the same way a test measures a real CPU step.
 
 Not modelled: allocator caching and fragmentation (set expandable_segments), convolution
 workspaces (MIOpen/cuDNN), the optimizer step's temporaries (below the backward peak), the
-DataLoader's pinned buffers and the GPU context (~0.5 GB).
+DataLoader's pinned buffers and the GPU context (~0.5 GB). For them a step fits the device when
+its total x vcloud.constants.MEMORY_MARGIN does (`fits`): what `vcloud doctor` checks too.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from vcloud.constants import MEMORY_MARGIN
 
 GB = 1e9
 DEVICE_GB = 64.0  # one MI250X GCD
@@ -74,6 +77,22 @@ ROWS = (
     GLUE,
     "working_set",
 )
+
+
+def fits(gb: float, device_gb: float) -> bool:
+    """An estimate fits the device with the margin for what it leaves out (the doctor's test)."""
+    return gb * MEMORY_MARGIN <= device_gb
+
+
+def largest_batch(*, fixed_bytes: float, per_sample_bytes: float, device_gb: float) -> int:
+    """The largest batch whose total `fits` the device: activations grow linearly with the batch,
+    parameters, gradients, optimizer states and weight copies (`fixed_bytes`) do not."""
+    return max(int((device_gb * GB / MEMORY_MARGIN - fixed_bytes) // max(per_sample_bytes, 1.0)), 0)
+
+
+def margin_words(device_gb: float) -> str:
+    """What `fits` holds an estimate against, as the doctor words it: "64 GB with the 20% margin"."""
+    return f"{device_gb:g} GB with the {MEMORY_MARGIN - 1:.0%} margin"
 
 
 def count_parameters(module: nn.Module) -> int:
@@ -415,8 +434,10 @@ def estimate(
         "cfdt_gb_no_optimisations": results["none"]["total_gb"],
         "cfdt_gb_configured": results["configured"]["total_gb"],
         "device_gb": DEVICE_GB,
-        # Activations grow linearly with the batch; parameters and optimizer states do not.
-        "max_batch_all_optimisations": int((DEVICE_GB * GB - fixed_all) // max(per_sample, 1.0)),
+        "memory_margin": MEMORY_MARGIN,
+        "max_batch_all_optimisations": largest_batch(
+            fixed_bytes=fixed_all, per_sample_bytes=per_sample, device_gb=DEVICE_GB
+        ),
         "scenarios": results,
         "seconds": round(time.perf_counter() - started, 2),
     }
@@ -506,10 +527,10 @@ def format_table(result: dict) -> str:
             f"| {label.format(**names)} | {none['bytes'][row] / GB:.2f} GB | "
             f"{every['bytes'][row] / GB:.2f} GB | {technique} |"
         )
-    fits = "fits" if every["total_gb"] <= result["device_gb"] else "does NOT fit"
+    device = margin_words(result["device_gb"])
+    verdict = "fits" if fits(every["total_gb"], result["device_gb"]) else "does NOT fit"
     lines += [
-        f"| **Total** | **{none['total_gb']:.2f} GB** | **{every['total_gb']:.2f} GB** | "
-        f"**{fits} in {result['device_gb']:.0f} GB** |",
+        f"| **Total** | **{none['total_gb']:.2f} GB** | **{every['total_gb']:.2f} GB** | **{verdict} in {device}** |",
         f"| Simulated peak | {none['peak_gb']:.2f} GB | {every['peak_gb']:.2f} GB | replay of the allocation trace |",
         "",
     ]
@@ -527,9 +548,10 @@ def format_table(result: dict) -> str:
         "",
         f"Configured ({'bf16' if configured['bf16'] else 'fp32'}, "
         + ", ".join(f"{k}={v}" for k, v in configured["optimisations"].items())
-        + f"): {configured['total_gb']:.2f} GB. With all optimisations a batch of up to "
-        f"{result['max_batch_all_optimisations']} fits in {result['device_gb']:.0f} GB "
-        "(activations linear in the batch).",
+        + f"): {configured['total_gb']:.2f} GB, "
+        + ("fits" if fits(configured["total_gb"], result["device_gb"]) else "does NOT fit")
+        + f" in {device} (as `vcloud doctor` checks it on the partition's GPU). With all optimisations a batch of up to "
+        f"{result['max_batch_all_optimisations']} fits in {device} (activations linear in the batch).",
         f"Parameters: autoencoder {result['autoencoder_params'] / 1e6:.1f}M, CFDT "
         f"{result['cfdt_params'] / 1e6:.1f}M, refiner {result['refiner_params'] / 1e6:.1f}M. "
         f"Estimated in {result['seconds']:.1f} s.",

@@ -13,9 +13,17 @@ Worst case: every attempt the workflow allows (retries + 1, with the retries `ge
 workflow/rules/cluster.smk gives the rule: `rule_retries` below) runs to its full wall time.
 
 Research runs (experiments x seeds): a stage's training is billed once per identity (the runs that
-train it; the others read its best.pt), each at its own run's epochs: an experiment that changes
-`stage<n>.train.epochs` is billed on a line of its own (`training_groups`). A rule's retries are
-one number for all its jobs (a `retries:` directive), enough for the run with the most epochs.
+train it; the others read its best.pt), each at its own run's epochs and samples per epoch: an
+experiment that changes `stage<n>.train.epochs` or the stage's samples per epoch is billed on a
+line of its own (`training_groups`). A rule's retries are one number for all its jobs (a
+`retries:` directive), enough for the run with the longest training.
+
+Samples per epoch: an epoch time belongs to the samples per epoch it was taken at (`EpochBasis`):
+`resources.<rule>.epoch_minutes` and a time the run's own metrics measured to the base model
+config's (config.model_config, before any experiment's changes), a rehearsal's measured one to
+the full run's samples the rehearsal scaled it to. A run of other samples per epoch (an experiment
+that changes `stage<n>.train.samples_per_epoch` or `data.samples_per_epoch`) takes that time per
+sample (`run_epoch_minutes`, by the rehearsal's own rehearsal.minutes_of_epoch); its retries too.
 
 Host-side only (a LUMI login node): no torch, no numpy.
 """
@@ -154,26 +162,123 @@ def rule_jobs(config: dict, model_set=None) -> dict[str, tuple[int, str]]:
     return jobs
 
 
+# --- what an epoch time belongs to ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EpochBasis:
+    """The samples per epoch one training rule's epoch time was taken at."""
+
+    samples: int | None  # None: one per training location, and those not counted
+    of: str  # whose samples they are, as the bill names them ("config/models/full.yaml's")
+    locations: int | None = None  # training locations "one per location" counts as, where known
+
+
+class EpochMinutes(dict):
+    """train rule -> measured minutes per epoch (doctor.measured_epoch_minutes), carrying the
+    basis of every training rule's epoch time, measured or configured (`basis`: train rule ->
+    EpochBasis): the workflow's retries (get_retries -> rule_retries) and the bill scale each run
+    from it. A plain dict of minutes has none: the bill then takes the base model config's."""
+
+    def __init__(self, minutes: dict, *, basis: dict[str, EpochBasis] | None) -> None:
+        super().__init__(minutes)
+        self.basis = basis
+
+
+def epoch_basis(config: dict, *, base=None, rehearsed: tuple[str, ...] = ()) -> dict[str, EpochBasis] | None:
+    """train rule -> the basis of its epoch time: the rules `rehearsed` (their minutes a passing
+    rehearsal's) the samples the rehearsal scaled its time per sample to; the others the base
+    model config's (`base`, else config.model_config loaded). None without a model config."""
+    from vcloud.runtime.rehearsal import rehearsed_epoch_samples, stage_samples
+
+    where = config.get("model_config")
+    if base is None:
+        if not where:
+            return None
+        from vcloud.config import load_model_config
+        from vcloud.config.experiments import model_config_path
+
+        base = load_model_config(model_config_path(config))
+    of = f"{where or base.name}'s"
+    samples, locations = rehearsed_epoch_samples(config) if rehearsed else ({}, None)
+    found = {}
+    for stage in STAGES:
+        rule = stage.train_rule
+        if rule in rehearsed and rule in samples:
+            found[rule] = EpochBasis(samples[rule], "the rehearsal's", locations)
+        else:  # "one per location" of the real run: not counted before its train store exists
+            found[rule] = EpochBasis(stage_samples(base, stage.name, None), of)
+    return found
+
+
+def basis_of(config: dict, model_set, epoch_minutes: dict | None) -> dict[str, EpochBasis] | None:
+    """The basis the bill scales from: measured_epoch_minutes's, else the base model config's (a
+    single run's own model set; a grid's config.model_config)."""
+    from vcloud.config.experiments import is_research
+
+    found = getattr(epoch_minutes, "basis", None)
+    if found is not None:
+        return found
+    if not is_research(config) and model_set is not None:
+        return epoch_basis(config, base=model_set)
+    return epoch_basis(config)
+
+
+def run_epoch_minutes(rule: str, minutes: float, model_set, basis: dict | None) -> tuple[float, str]:
+    """(minutes of one epoch of the rule's training in `model_set`, what the bill adds after the
+    epoch time: "" where the run's samples per epoch are the basis's). A run of other samples per
+    epoch takes the basis's time per sample, as the rehearsal turns its time into the full run's."""
+    from vcloud.runtime.rehearsal import minutes_of_epoch, stage_samples
+
+    stage = next((s for s in STAGES if s.train_rule == rule), None)
+    found = (basis or {}).get(rule)
+    if stage is None or found is None or model_set is None:
+        return minutes, ""
+    samples = stage_samples(model_set, stage.name, found.locations)
+    if samples == found.samples:
+        return minutes, ""
+    if samples is None or found.samples is None:
+        own = "one per training location" if samples is None else f"{samples}"
+        theirs = "one per training location" if found.samples is None else f"{found.samples}"
+        return minutes, (
+            f"(not scaled to this run's {own} samples per epoch from {found.of} {theirs}: "
+            "the training locations are not counted before a rehearsal)"
+        )
+    scaled = minutes_of_epoch(samples, minutes * 60 / found.samples)
+    return scaled, f"x {samples}/{found.samples} samples per epoch (this run's / {found.of})"
+
+
 # --- retries and expected time ---------------------------------------------------------------
 
 
-def rule_retries(rule: str, res: RuleResources, cluster: Cluster, model_set, epoch_minutes: dict | None = None) -> int:
+def rule_retries(
+    rule: str,
+    res: RuleResources,
+    cluster: Cluster,
+    model_set,
+    epoch_minutes: dict | None = None,
+    *,
+    basis: dict | None = None,
+) -> int:
     """The retries the workflow gives the rule on a cluster (get_retries in cluster.smk): a
     training rule enough resubmissions for its epochs plus cluster.spare_retries; the other
     rules with a `retries:` directive spare_retries; the rest none. `model_set` may be a list
-    (every research run's): the retries of the one with the most epochs. ConfigError from a
-    wall time that leaves no training time."""
+    (every research run's): the retries of the one with the longest training, each run's epoch
+    time scaled to its samples per epoch from `basis` (else epoch_minutes's: EpochMinutes).
+    ConfigError from a wall time that leaves no training time."""
     if rule not in RETRIED_RULES:
         return 0
     stage = next((s for s in STAGES if s.train_rule == rule), None)
     minutes = (epoch_minutes or {}).get(rule) or res.epoch_minutes
     if stage is None or minutes is None or model_set is None:
         return cluster.spare_retries
+    if basis is None:
+        basis = getattr(epoch_minutes, "basis", None)
     model_sets = model_set if isinstance(model_set, (list, tuple)) else [model_set]
     return max(
         retries_needed(
             epochs=getattr(one, stage.name).train.epochs,
-            epoch_minutes=minutes,
+            epoch_minutes=run_epoch_minutes(rule, minutes, one, basis)[0],
             runtime=res.runtime,
             signal_seconds=cluster.signal_seconds,
             restart_minutes=cluster.restart_minutes,
@@ -185,8 +290,9 @@ def rule_retries(rule: str, res: RuleResources, cluster: Cluster, model_set, epo
 
 def training_groups(config: dict) -> dict[str, list[tuple[int, object, str]]]:
     """train rule -> [(jobs, model set, which runs)] of a research config: the runs that train the
-    stage (one per identity: vcloud.workflow.makers), grouped by that stage's epochs in each run's
-    model set, in table order; {} for a single run (the model set given to the bill)."""
+    stage (one per identity: vcloud.workflow.makers), grouped by that stage's epochs and samples
+    per epoch in each run's model set, in table order; {} for a single run (the model set given
+    to the bill)."""
     from vcloud.config.experiments import research_plan
     from vcloud.workflow import makers
 
@@ -197,10 +303,12 @@ def training_groups(config: dict) -> dict[str, list[tuple[int, object, str]]]:
     out = {}
     for stage in STAGES:
         trained = set(makers(runs, paths, f"stage{stage.number}"))
-        groups: dict[int, list] = {}
+        groups: dict[tuple, list] = {}
         for run in runs:
             if run.prefix in trained:
-                groups.setdefault(getattr(run.model_set, stage.name).train.epochs, []).append(run)
+                train = getattr(run.model_set, stage.name).train
+                samples = getattr(train, "samples_per_epoch", None) or run.model_set.data.samples_per_epoch
+                groups.setdefault((train.epochs, samples), []).append(run)
         out[stage.train_rule] = [
             (len(group), group[0].model_set, ", ".join(dict.fromkeys(run.experiment for run in group)))
             for group in groups.values()
@@ -208,7 +316,7 @@ def training_groups(config: dict) -> dict[str, list[tuple[int, object, str]]]:
     return out
 
 
-def _expected(rule, res, cluster, model_set, epoch_minutes, retries) -> tuple[float, str]:
+def _expected(rule, res, cluster, model_set, epoch_minutes, retries, basis=None) -> tuple[float, str]:
     """(expected wall hours of one job, how they were found)."""
     wall = res.runtime / 60
     stage = next((s for s in STAGES if s.train_rule == rule), None)
@@ -219,12 +327,14 @@ def _expected(rule, res, cluster, model_set, epoch_minutes, retries) -> tuple[fl
     if minutes is None or model_set is None:
         return wall, "wall time, no epoch time"
     epochs = getattr(model_set, stage.name).train.epochs
+    own, scaling = run_epoch_minutes(rule, minutes, model_set, basis)
     starts = retries - cluster.spare_retries + 1  # the jobs the epochs need
-    run = epochs * minutes + starts * cluster.restart_minutes
+    run = epochs * own + starts * cluster.restart_minutes
     capped = " (capped by the wall times)" if run > starts * res.runtime else ""
     source = "measured" if measured else "estimated"
-    basis = f"{epochs} epochs x {minutes:.1f} min {source} + {starts} x {cluster.restart_minutes:g} min start{capped}"
-    return min(run, starts * res.runtime) / 60, basis
+    scaling = f" {scaling}" if scaling else ""
+    how = f"{epochs} epochs x {minutes:.1f} min {source}{scaling} + {starts} x {cluster.restart_minutes:g} min start{capped}"
+    return min(run, starts * res.runtime) / 60, how
 
 
 # --- the bill ----------------------------------------------------------------------------------
@@ -241,6 +351,7 @@ def rule_bills(
     """(one bill per resources key, problems: one line each) for the config's rules."""
     fan_out = rule_jobs(config, model_set)
     groups = training_groups(config)
+    basis = basis_of(config, model_set, epoch_minutes)
     bills, problems = [], []
     for rule in config["resources"]:
         jobs, why = fan_out.get(rule, (1, ""))
@@ -257,7 +368,8 @@ def rule_bills(
         # A single run's trainings at the model set's epochs; a grid's at each training run's own.
         parts = groups.get(rule) or [(jobs, model_set, "")]
         try:
-            retries = rule_retries(rule, res, cluster, [m for _, m, _ in parts if m is not None] or None, epoch_minutes)
+            run_sets = [m for _, m, _ in parts if m is not None] or None
+            retries = rule_retries(rule, res, cluster, run_sets, epoch_minutes, basis=basis)
         except ConfigError as err:
             problems.append(f"resources.{rule}.runtime: {err}")
             retries = cluster.spare_retries
@@ -266,11 +378,11 @@ def rule_bills(
             own = retries  # the expected jobs: what this group's epochs need
             if len(parts) > 1:
                 try:
-                    own = rule_retries(rule, res, cluster, run_model_set, epoch_minutes)
+                    own = rule_retries(rule, res, cluster, run_model_set, epoch_minutes, basis=basis)
                 except ConfigError:
                     pass  # named above
-            hours, basis = _expected(rule, res, cluster, run_model_set, epoch_minutes, own)
-            needs_epochs = not basis.startswith("wall time")  # a training whose epochs set its jobs
+            hours, how = _expected(rule, res, cluster, run_model_set, epoch_minutes, own, basis)
+            needs_epochs = not how.startswith("wall time")  # a training whose epochs set its jobs
             bills.append(
                 RuleBill(
                     rule,
@@ -280,7 +392,7 @@ def rule_bills(
                     per_hour=bill.per_hour,
                     formula=bill.formula,
                     expected_hours=hours,
-                    basis=basis,
+                    basis=how,
                     attempts=retries + 1,
                     runtime_hours=res.runtime / 60,
                     starts=own - cluster.spare_retries + 1 if needs_epochs else 1,

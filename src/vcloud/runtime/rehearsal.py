@@ -6,7 +6,9 @@ machine can say: the GPUs each rank sees and the GPU runtime (HIP or CUDA versio
 environment image's stamp, the MIOpen cache (AMD), each rank's CPU mask, peak GPU memory of each
 stage (stage 1 against `vcloud memory`'s estimate), the forced wall-time warning's resume, the
 collectives' transport (RCCL or NCCL), and the time per sample of each stage, turned into the
-epoch minutes of the full run for the site's run file. It passes when every stage finished, one resumed after the
+epoch minutes of the full run for the site's run file (minutes_of_epoch at stage_samples: the
+samples per epoch it records beside them, from which the bill scales a run of other samples per
+epoch). It passes when every stage finished, one resumed after the
 forced warning, and the transport check passed (when it ran). `vcloud doctor` recommends the
 rehearsal until a passing summary exists for the current environment image.
 A rehearsal of a grid (experiments, seeds) tries one run of it (vcloud.config.experiments.
@@ -77,6 +79,7 @@ def summarize(
     miopen_cache: str | None,
     transport: Path | None,
     full_samples_per_epoch: dict[str, int] | None = None,
+    train_locations: int | None = None,
     stage1_estimate_gb: float | None = None,
     run: dict | None = None,
 ) -> dict:
@@ -89,7 +92,7 @@ def summarize(
     for name, found in stages.items():
         samples = (full_samples_per_epoch or {}).get(name)
         if samples and found["seconds_per_sample"]:
-            epoch_minutes[f"train_{name}"] = round(samples * found["seconds_per_sample"] / 60, 1)
+            epoch_minutes[f"train_{name}"] = round(minutes_of_epoch(samples, found["seconds_per_sample"]), 1)
     problems = [f"{name}: not finished" for name, s in stages.items() if not s["finished"]]
     if not any(s["resumed"] for s in stages.values()):
         problems.append("no stage resumed after the forced wall-time warning (resources.<rule>.rehearse_warning)")
@@ -107,6 +110,14 @@ def summarize(
         "stage1_memory": {"peak_gb": stages["stage1"]["peak_memory_gb"], "estimate_gb": stage1_estimate_gb},
         "transport": transport_report,
         "epoch_minutes": epoch_minutes,
+        # What epoch_minutes are for: the full run's samples per epoch of each stage, and the
+        # training locations that "one per location" was counted as (the bill scales from them).
+        "epoch_samples": {
+            f"train_{name}": samples
+            for name, samples in (full_samples_per_epoch or {}).items()
+            if f"train_{name}" in epoch_minutes
+        },
+        "train_locations": train_locations,
         "stages": stages,
     }
 
@@ -167,23 +178,32 @@ def doctor_warning(config: dict, stamp: str | None) -> str | None:
     return None
 
 
+def stage_samples(model_set, stage_name: str, train_locations: int | None) -> int | None:
+    """Samples per epoch of a stage's training (train/stages.py): its own samples_per_epoch, else
+    data.samples_per_epoch, else one per training location (None while those are not counted)."""
+    section = getattr(model_set, stage_name)
+    samples = getattr(section.train, "samples_per_epoch", None) or model_set.data.samples_per_epoch or train_locations
+    return None if samples is None else int(math.ceil(samples))
+
+
+def minutes_of_epoch(samples: int, seconds_per_sample: float) -> float:
+    """Minutes of an epoch of `samples` at a time per sample: how the rehearsal's measured time
+    becomes the full run's epoch minutes, and how the bill moves an epoch time measured (or
+    configured) at one samples per epoch to a run of another (vcloud.runtime.bill)."""
+    return samples * seconds_per_sample / 60
+
+
 def full_epoch_samples(model_config: Path, full_model_config: Path | None, train_locations: int) -> dict[str, int]:
-    """Samples per epoch of each stage in the full run (its own samples_per_epoch, or the
-    config's, or one per training location)."""
+    """Samples per epoch of each stage in the full run (stage_samples)."""
     from vcloud.config import load_model_config
 
     cfg = load_model_config(full_model_config or model_config)
-    out = {}
-    for stage in STAGES:
-        section = getattr(cfg, stage.name)
-        samples = getattr(section.train, "samples_per_epoch", None) or cfg.data.samples_per_epoch or train_locations
-        out[stage.name] = int(math.ceil(samples))
-    return out
+    return {stage.name: stage_samples(cfg, stage.name, train_locations) for stage in STAGES}
 
 
-def rehearsed_epoch_minutes(config: dict) -> dict[str, float]:
-    """The full run's epoch minutes measured by a passing rehearsal (train rule -> minutes), for
-    the retries and the bill until the real run measures its own; none for the rehearsal."""
+def _passing_summary(config: dict) -> dict:
+    """The passing rehearsal's summary the real run reads ({} for the rehearsal itself, or while
+    none passed)."""
     section = config.get("rehearsal") or {}
     if section.get("enabled"):
         return {}
@@ -192,7 +212,22 @@ def rehearsed_epoch_minutes(config: dict) -> dict[str, float]:
         summary = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    if not isinstance(summary, dict) or not summary.get("passed"):
-        return {}
-    found = summary.get("epoch_minutes") or {}
+    return summary if isinstance(summary, dict) and summary.get("passed") else {}
+
+
+def rehearsed_epoch_minutes(config: dict) -> dict[str, float]:
+    """The full run's epoch minutes measured by a passing rehearsal (train rule -> minutes), for
+    the retries and the bill until the real run measures its own; none for the rehearsal."""
+    found = _passing_summary(config).get("epoch_minutes") or {}
     return {rule: float(m) for rule, m in found.items() if isinstance(m, (int, float)) and m > 0}
+
+
+def rehearsed_epoch_samples(config: dict) -> tuple[dict[str, int], int | None]:
+    """(train rule -> the samples per epoch its rehearsed epoch minutes are for, the training
+    locations counted for them) of the passing rehearsal; ({}, None) where it does not say (a
+    summary written before it did)."""
+    summary = _passing_summary(config)
+    found = summary.get("epoch_samples") or {}
+    locations = summary.get("train_locations")
+    samples = {rule: int(n) for rule, n in found.items() if isinstance(n, int) and n > 0}
+    return samples, locations if isinstance(locations, int) and locations > 0 else None

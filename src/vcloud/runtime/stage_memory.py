@@ -23,7 +23,9 @@ kept for backward per component, batch and loss, working set (the largest of the
 at one time); total = their sum, an upper bound of the peak (a replay of the trace). The wind
 mixer runs in grid order: fake tensors cannot pick a wind sector (its memory is the same).
 What models/memory.py does not model is not modelled here either (allocator, workspaces, the
-GPU context, the optimizer step's temporaries); module buffers (< 1 MB) are left out.
+GPU context, the optimizer step's temporaries); module buffers (< 1 MB) are left out. A stage
+fits the device when its largest phase x vcloud.constants.MEMORY_MARGIN does (memory.fits), as
+the doctor checks it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vcloud.constants import MEMORY_MARGIN
 from vcloud.models import memory
 from vcloud.models.memory import GB, GLUE
 
@@ -274,6 +277,7 @@ def estimate_stage(
             "gb_configured": configured["total_gb"],
             "largest_phase": "step",
             "device_gb": memory.DEVICE_GB,
+            "memory_margin": MEMORY_MARGIN,
             "scenarios": {"configured": {**configured, "largest_phase": "step", "phases": {"step": configured}}},
             "seconds": round(time.perf_counter() - started, 2),
         }
@@ -304,6 +308,7 @@ def estimate_stage(
         "gb_configured": configured["total_gb"],
         "largest_phase": configured["largest_phase"],
         "device_gb": memory.DEVICE_GB,
+        "memory_margin": MEMORY_MARGIN,
         "scenarios": scenarios,
         "seconds": round(time.perf_counter() - started, 2),
     }
@@ -345,10 +350,11 @@ def format_stage_table(result: dict) -> str:
             cells = [result["scenarios"][n]["phases"][phase][key] for n in names]
             lines.append(f"| {label} | " + " | ".join(f"{c:.2f} GB" for c in cells) + " |")
         lines.append("")
-    fits = "fits" if configured["total_gb"] <= result["device_gb"] else "does NOT fit"
+    verdict = "fits" if memory.fits(configured["total_gb"], result["device_gb"]) else "does NOT fit"
     lines.append(
-        f"Configured: {configured['total_gb']:.2f} GB ({_PHASES[configured['largest_phase']]}), {fits} in "
-        f"{result['device_gb']:.0f} GB. Estimated in {result['seconds']:.1f} s."
+        f"Configured: {configured['total_gb']:.2f} GB ({_PHASES[configured['largest_phase']]}), {verdict} in "
+        f"{memory.margin_words(result['device_gb'])} (as `vcloud doctor` checks it on the partition's GPU). "
+        f"Estimated in {result['seconds']:.1f} s."
     )
     return "\n".join(lines)
 
