@@ -54,6 +54,7 @@ def test_the_plan_prepares_each_location_and_assembles_its_split(tmp_path):
     plan = run(["-n", "-p", *_config(tmp_path, folder)], cwd=tmp_path).stdout
     prepares = sorted(line for line in plan.splitlines() if line.startswith("Shell command: vcloud prepare"))
     assert len(prepares) == 4 and plan.count("rule index_archive:") == 0 and "rule synth_raw:" not in plan
+    assert "rule era5_wind:" not in plan and "--wind " not in plan  # data.wind_table: null
     for number, name in enumerate(sorted(PLAN), start=1):
         line = next(p for p in prepares if f"--out results/prepared/rois/{name}.zarr" in p)
         assert f"--raw {folder / name} " in line and f"--roi ROIs9000/{number} " in line
@@ -62,6 +63,40 @@ def test_the_plan_prepares_each_location_and_assembles_its_split(tmp_path):
         stores = " ".join(f"results/prepared/rois/{name}.zarr" for name in names)
         assert f"vcloud assemble --out results/prepared/{split}.zarr {stores} >" in plan
     assert "vcloud predict --stage 3 --store results/prepared/rois/delta.zarr" in plan
+
+
+def _jobs(plan: str) -> list[dict]:
+    """The jobs of a `snakemake -n -p` plan in its order: rule, its fields (input, reason, ...), shell."""
+    jobs = []
+    for line in plan.splitlines():
+        if line.startswith("rule ") and line.endswith(":"):
+            jobs.append({"rule": line[5:-1]})
+        elif jobs and line.startswith("    ") and ": " in line:
+            key, value = line.strip().split(": ", 1)
+            jobs[-1][key] = value
+        elif jobs and line.startswith("Shell command: "):
+            jobs[-1]["shell"] = line.removeprefix("Shell command: ")
+    return jobs
+
+
+def test_era5_wind_of_your_own_locations_is_fetched_before_each_prepare(tmp_path):
+    folder = _names_only(tmp_path / "mine")
+    table = "resources/wind/era5_u10v10.zarr"
+    jobs = _jobs(run(["-n", "-p", *_config(tmp_path, folder, wind_table=table)], cwd=tmp_path).stdout)
+    rules = [job["rule"] for job in jobs]
+    assert rules.count("era5_wind") == 1 and rules.count("prepare_roi") == 4, rules
+    fetch = jobs[rules.index("era5_wind")]
+    assert all(rules.index("era5_wind") < i for i, rule in enumerate(rules) if rule == "prepare_roi")
+    # its inputs: every location's S2 GeoTIFFs (alpha's two tiles' too), their headers and names the places and dates
+    assert fetch["input"].split(", ") == sorted(str(path) for path in folder.glob("**/S2/*.tif"))
+    for number, name in enumerate(sorted(PLAN), start=1):  # each location's folder and ROI, as prepare_roi's
+        assert f"--location {folder / name} ROIs9000/{number} " in fetch["shell"]
+    assert "--raw" not in fetch["shell"] and "--roi " not in fetch["shell"]
+    assert f"--out {table} " in fetch["shell"] and "--times 6 --size 32 " in fetch["shell"]
+    for job in jobs:
+        if job["rule"] == "prepare_roi":
+            assert table in job["input"].split(", ") and f"--wind {table} " in job["shell"]
+            assert f"Input files updated by another job: {table}" in job["reason"]
 
 
 @pytest.mark.parametrize(

@@ -210,8 +210,23 @@ def get_era5_rois():
     return [] if is_synthetic() else get_rois()
 
 
+def get_era5_flags():
+    """era5_wind's places: each of your own locations' folder and ROI (as prepare_roi's --raw and
+    --roi), or the raw paths, their indexes and the ROIs."""
+    if FOLDER:
+        return " ".join(
+            f"--location {shlex.quote(str(location.path))} {location.roi}"
+            for location in FOLDER.locations
+        )
+    rois = " ".join(f"--roi {roi}" for roi in get_era5_rois())
+    return f"{get_raw_flags()} --index-dir {get_index_dir()} {rois}"
+
+
 def get_era5_input():
-    """The raw inputs whose places and dates need wind (real data only): what prepare_roi reads."""
+    """The raw inputs whose places and dates need wind (real data only): what prepare_roi reads,
+    or your own locations' S2 GeoTIFFs (headers and names give places and dates)."""
+    if FOLDER:
+        return sorted(str(path) for loc in FOLDER.locations for path in loc.s2_files())
     files = []
     for roi in get_era5_rois():
         for value in get_prepare_input(SimpleNamespace(roi=roi.slug)).values():

@@ -28,9 +28,10 @@ rule wind_cache:
         " --sectors {params.sectors} > {log} 2>&1"
 
 
-# Real wind for the real dataset: ERA5 u10/v10 for every location and date of the ROIs, from
-# the public ARCO-ERA5 store (no account). A local rule: it needs the network (LUMI login node).
-# prepare_roi takes the result as input when data.wind_table names it (config/lumi.yaml).
+# Real wind for the real dataset or your own locations (data.source: folder): ERA5 u10/v10 for
+# every location and date, from the public ARCO-ERA5 store (no account). A local rule: it needs
+# the network (LUMI login node). prepare_roi takes the result as input when data.wind_table names
+# it (config/lumi.yaml).
 rule era5_wind:
     input:
         lambda wildcards: get_era5_input(),
@@ -47,16 +48,14 @@ rule era5_wind:
         get_container("wind_cache")
     threads: 1
     params:
-        raw=get_raw_flags(),
-        index_dir=get_index_dir(),
-        rois=lambda wildcards: " ".join(f"--roi {roi}" for roi in get_era5_rois()),
+        places=lambda wildcards: get_era5_flags(),
         source=(
             f"--source {config['wind']['era5_source']}"
             if config["wind"]["era5_source"]
             else ""
         ),
-        times=DATA["times"],
+        times=get_times(),
         size=DATA["patch_size"],
     shell:
-        "vcloud era5-wind {params.raw} --index-dir {params.index_dir} {params.rois} --out {output.wind} {params.source}"
+        "vcloud era5-wind {params.places} --out {output.wind} {params.source}"
         " --times {params.times} --size {params.size} > {log} 2>&1"

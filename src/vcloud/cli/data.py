@@ -206,21 +206,32 @@ def run_verify(args: argparse.Namespace) -> None:
 def add_era5_wind(sub: argparse._SubParsersAction) -> None:
     from vcloud.constants import N_TIMES, PATCH_SIZE
 
-    p = sub.add_parser("era5-wind", help="ERA5 10 m wind for every location and date of raw ROIs (network)")
+    p = sub.add_parser(
+        "era5-wind", help="ERA5 10 m wind for every location and date of raw ROIs or your own locations (network)"
+    )
     p.add_argument(
         "--raw",
         type=Path,
-        required=True,
         action="append",
-        help="raw SEN12MS-CR-TS: archives folder, one archive, or extracted tree (repeat for several)",
+        help="raw SEN12MS-CR-TS of the --roi: archives folder, one archive, or extracted tree (repeat for several)",
     )
     p.add_argument(
         "--index-dir", type=Path, default=None, help="where the archive indexes are (default: beside each archive)"
     )
-    p.add_argument("--roi", required=True, action="append", help="ROIsXXXX/NNN (repeat for several)")
+    p.add_argument("--roi", action="append", help="ROIsXXXX/NNN of --raw (repeat for several)")
+    p.add_argument(
+        "--location",
+        nargs=2,
+        action="append",
+        metavar=("FOLDER", "ROI"),
+        help="one of your own locations: its plain folder and the ROI it is prepared as (`vcloud prepare --raw "
+        "FOLDER --roi ROI`; the workflow's ROIs9000/<n>, docs/data.md); repeat for several",
+    )
     p.add_argument("--out", type=Path, required=True, help="FOLDER.zarr to write (one group per ROI)")
     p.add_argument("--source", default=None, help="ERA5 zarr store (default: the public ARCO-ERA5 store)")
-    p.add_argument("--times", type=int, default=N_TIMES, help="expected dates per location")
+    p.add_argument(
+        "--times", type=int, help=f"expected dates per location (default {N_TIMES}; a plain folder: its dates)"
+    )
     p.add_argument("--size", type=int, default=PATCH_SIZE, help="expected pixels per side")
     p.add_argument("--workers", type=int, default=4, help="ERA5 hours read at once")
     p.set_defaults(func=run_era5_wind)
@@ -229,12 +240,35 @@ def add_era5_wind(sub: argparse._SubParsersAction) -> None:
 def run_era5_wind(args: argparse.Namespace) -> None:
     import json
 
+    from vcloud.constants import N_TIMES
     from vcloud.data.era5 import fetch, wind_needs
+    from vcloud.data.folder import folder_times, is_plain_folder
     from vcloud.data.layout import parse_roi
+    from vcloud.errors import BadInputError
 
+    if not args.roi and not args.location:
+        raise BadInputError("nothing to fetch: give --raw with --roi (the dataset's ROIs) or --location FOLDER ROI")
+    if bool(args.raw) != bool(args.roi):
+        raise BadInputError("--raw and --roi go together (the dataset's ROIs); your own locations take --location")
+    places = [(args.raw, parse_roi(text)) for text in args.roi or []]
+    for folder, text in args.location or []:
+        if not is_plain_folder(Path(folder)):
+            raise BadInputError(f"--location {folder}: not a plain folder (S2/ of dated GeoTIFFs, or <tile>/S2/)")
+        places.append(([Path(folder)], parse_roi(text)))
+    seen: set[str] = set()
+    for _, roi in places:
+        if roi.slug in seen:
+            raise BadInputError(f"{roi}: given twice; each ROI or location is one group of --out")
+        seen.add(roi.slug)
     needs = [
-        wind_needs(args.raw, parse_roi(text), times=args.times, size=args.size, index_dir=args.index_dir)
-        for text in args.roi
+        wind_needs(
+            raws,
+            roi,
+            times=args.times or folder_times(raws) or N_TIMES,
+            size=args.size,
+            index_dir=args.index_dir,
+        )
+        for raws, roi in places
     ]
     print(json.dumps(fetch(args.source, needs, args.out, workers=args.workers)))
 

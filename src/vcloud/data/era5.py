@@ -14,7 +14,9 @@ the fetch reads every needed hour once (one global field per variable, a few MB)
 every ROI's box out of it: the download grows with the number of distinct dates, not ROIs.
 
 Which places and dates a ROI needs is decided in one function, `wind_needs`, from the raw
-data (file names give the dates, GeoTIFF georeferencing the places).
+data (file names give the dates, GeoTIFF georeferencing the places): a ROI of the dataset, or
+one of your own locations (a plain folder, data/folder.py, prepared as the ROI it is given, e.g.
+the workflow's ROIs9000/<n>), whose group then carries that ROI's slug (ROIs9000_<n>).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import numpy as np
 from vcloud import __version__
 from vcloud.constants import S1_BANDS, S2_BANDS
 from vcloud.data.archive import resolve_sources
+from vcloud.data.folder import FolderSource
 from vcloud.data.geotiff import BadImageError, read_image
 from vcloud.data.layout import RoiId, scan_roi
 from vcloud.data.wind_values import centre_lonlat
@@ -59,15 +62,17 @@ def wind_needs(raws, roi: RoiId, *, times: int, size: int, index_dir: Path | Non
     """The places and dates of one ROI of the raw dataset that need wind.
 
     The only place that decides this. `raws` are the raw paths `vcloud prepare --raw` takes (a
-    folder of the downloaded archives, one archive, or an extracted tree; one path or a list):
-    the ROI's files are listed and read through the same sources as preparation
-    (`archive.resolve_sources` + `layout.scan_roi`), dates parsed from the S2 file names, and
-    each location's centre from the georeferencing of its first readable image, converted to
-    lon/lat as `vcloud prepare` does. Unreadable images are skipped here; `vcloud prepare`
-    reports them.
+    folder of the downloaded archives, one archive, an extracted tree, or a plain folder of your
+    own; one path or a list): the ROI's files are listed and read through the same sources as
+    preparation (`archive.resolve_sources` + `layout.scan_roi`), dates parsed from the S2 file
+    names, and each location's centre converted to lon/lat as `vcloud prepare` does: from the
+    georeferencing of its first readable image (unreadable ones are skipped here; `vcloud
+    prepare` reports them), or for a plain folder from its scene's header and the patch's
+    window, the patches prepare cuts (their overlap moves no outermost centre, so the box is
+    the same for any). A plain folder without a CRS is named: prepare could not place it either.
     """
     raws = [Path(raws)] if isinstance(raws, (str, Path)) else [Path(r) for r in raws]
-    scan = scan_roi(resolve_sources(raws, roi, index_dir=index_dir), roi, times=times)
+    scan = scan_roi(resolve_sources(raws, roi, index_dir=index_dir, size=size), roi, times=times)
     dates = sorted({pair["s2"].date for pair in scan.images.values() if "s2" in pair})
     centres = []
     for patch in scan.patches:
@@ -82,6 +87,8 @@ def wind_needs(raws, roi: RoiId, *, times: int, size: int, index_dir: Path | Non
 
 
 def _patch_centre(scan, patch: int, size: int) -> tuple[float, float] | None:
+    if isinstance(scan.sources.get("s2"), FolderSource):
+        return _folder_patch_centre(scan.sources["s2"], patch, size)
     kinds = {"s2": (len(S2_BANDS), np.uint16), "s1": (len(S1_BANDS), np.float32)}
     for (p, _t), pair in sorted(scan.images.items()):
         if p != patch:
@@ -97,12 +104,25 @@ def _patch_centre(scan, patch: int, size: int) -> tuple[float, float] | None:
     return None
 
 
+def _folder_patch_centre(folder: FolderSource, patch: int, size: int) -> tuple[float, float]:
+    """Where prepare places a plain folder's patch (FolderSource.patch_georef: its scene's header,
+    shifted to its window; a tile of the patch size is its own window)."""
+    georef = folder.patch_georef(patch)
+    if not georef.epsg:
+        first = folder.files[("s2", folder.patches[patch][0], 0)][1]
+        raise BadInputError(
+            f"{first}: no georeferencing (an EPSG CRS and a transform) to place the location on the ERA5 grid; "
+            "write its S2 GeoTIFFs with their CRS, or set data.wind_table: null to train without wind"
+        )
+    return centre_lonlat(georef, size)
+
+
 # --- the source ----------------------------------------------------------------------------
 
 
 def no_network_hint(source: str, out: Path) -> str:
     return (
-        f"on a machine with network run `vcloud era5-wind --raw RAW --roi ... --out {out}` and copy "
+        f"on a machine with network run the same `vcloud era5-wind ... --out {out}` and copy "
         f"{out} here, or set data.wind_table: null to train without wind"
     )
 

@@ -240,6 +240,10 @@ class FolderSource:
                 "%s: %d images of dates without S2, not read: %s", folder, len(unused), ", ".join(map(str, unused))
             )
 
+    def s2_files(self) -> list[Path]:
+        """Every tile's S2 GeoTIFFs: what its places (headers) and dates (names) come from."""
+        return sorted(path for (kind, _, _), (_, path) in self.files.items() if kind == "s2")
+
     def mask_file(self, patch: int, t: int) -> Path | None:
         """The SCL or MASK image of S2 date index `t` of tile `patch`; None without SCL/ or MASK/."""
         item = self.files.get((self.mask_kind, self.patches[patch][0], t)) if self.mask_kind else None

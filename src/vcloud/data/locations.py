@@ -54,6 +54,12 @@ class Location:
         """File-name form, as a ROI's: results/prepared/rois/{slug}.zarr."""
         return self.name
 
+    def s2_files(self) -> list[Path]:
+        """Its S2 GeoTIFFs, every tile's (rule era5_wind's input: its places and dates)."""
+        from vcloud.data.folder import FolderSource
+
+        return FolderSource(self.path).s2_files()
+
     def __str__(self) -> str:
         return self.name
 
