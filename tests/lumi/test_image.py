@@ -36,6 +36,23 @@ def test_commands_make_the_venv_inside_the_image_and_pack_it(tmp_path):
     assert reqs[-2:] == ["-r", str(REPO / "containers/requirements-image.txt")]
     assert package[-2:] == ["--no-deps", str(REPO)]  # torch stays the image's build
     assert pack[:3] == ["mksquashfs", str(tmp_path / "env"), str(tmp_path / "env.sqsh")]
+    assert "snakemake" not in smoke[-1]  # LUMI's jobs run the host's snakemake
+
+
+def test_a_site_that_runs_snakemake_from_the_image_gets_the_controllers_packages(tmp_path):
+    """host_installs: false (Olivia): the environment also installs requirements-controller.txt,
+    and the build's import check fails unless snakemake, its SLURM plugin and MLflow import."""
+    commands = image.build_commands(
+        base="/appl/x.sif", repo=REPO, build=tmp_path / "env", out=tmp_path / "env.sqsh", controller=True
+    )
+    reqs, smoke = commands[1], commands[3]
+    assert reqs[-4:] == [
+        "-r",
+        str(REPO / "containers/requirements-image.txt"),
+        "-r",
+        str(REPO / "containers/requirements-controller.txt"),
+    ]
+    assert "snakemake, snakemake_executor_plugin_slurm, mlflow;" in smoke[-1]
 
 
 def test_build_with_the_stand_in_and_real_mksquashfs_then_the_doctor_reads_the_stamp(tmp_path, squashfs_tools):

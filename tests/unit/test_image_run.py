@@ -118,3 +118,56 @@ def test_the_workflow_refuses_a_host_snakemake_or_a_container_per_rule_on_such_a
     # A site with host installs: rules in the image through snakemake's apptainer, as before.
     assert deployment_problems(["apptainer"], olivia(host_installs=True)) == []
     assert "apptainer is not on" in deployment_problems([], olivia(host_installs=True))[0]
+
+
+def test_the_image_must_carry_the_controllers_packages_at_their_floors(tmp_path):
+    """Run in the image (as `profiles/<site>/bin/vcloud doctor` runs), each package of
+    containers/requirements-controller.txt that is missing or older than its floor is named; on
+    the host nothing is checked. This environment has them all (the test extra installs them)."""
+    assert image_run.package_problems(REPO, inside=True) == []
+    repo = tmp_path / "repo"
+    (repo / "containers").mkdir(parents=True)
+    lines = ["# a comment", "pytest>=7.0  # present and new enough", "", "pyyaml>=999.0", "no-such-package-x>=1.0"]
+    (repo / image_run.REQUIREMENTS).write_text("\n".join(lines) + "\n")
+    too_old, missing = image_run.package_problems(repo, inside=True)
+    assert too_old.startswith("image: pyyaml is ") and ">=999.0 needed" in too_old
+    assert missing.startswith("image: no-such-package-x is missing, >=1.0 needed") and image_run.REQUIREMENTS in missing
+    assert image_run.package_problems(repo, inside=False) == []
+
+
+def test_the_controller_requirements_keep_pyprojects_floors():
+    """What the image needs where snakemake runs from it: snakemake, its SLURM plugin and the
+    mlflow extra, at pyproject.toml's floors (a floor raised there is raised here)."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = [d for d in project["dependencies"] if Requirement(d).name.startswith("snakemake")]
+    wanted += project["optional-dependencies"]["mlflow"]
+    lines = (REPO / image_run.REQUIREMENTS).read_text().splitlines()
+    listed = [x.split("#")[0].strip() for x in lines if x.split("#")[0].strip()]
+    assert sorted(map(str, map(Requirement, listed))) == sorted(map(str, map(Requirement, wanted)))
+
+
+def test_the_doctor_names_a_package_the_image_lacks_before_anything_is_submitted(tmp_path, monkeypatch):
+    """`vcloud doctor` (and the workflow's start, preflight) on a site without host installs,
+    run in an image without the SLURM plugin: one line naming it. On the host it is not checked."""
+    from vcloud.config import load_model_config
+    from vcloud.runtime.doctor import preflight
+
+    config = load_workflow_config(REPO / "config" / "olivia.yaml")
+    config["cluster"].update(account="nn1234k")
+    repo = tmp_path / "repo"
+    (repo / "containers").mkdir(parents=True)
+    (repo / image_run.REQUIREMENTS).write_text("snakemake-executor-plugin-nowhere>=2.7.1\n")
+    model_set = load_model_config(REPO / config["model_config"])
+    args = dict(apptainer_args=None, precommand=None, train_inputs={}, memory=False, repo=repo)
+
+    def lacking(inside: bool) -> list[str]:
+        monkeypatch.setattr(image_run, "in_image", lambda: inside)
+        return [e for e in preflight(config, model_set, **args).errors if e.startswith("image: ")]
+
+    (line,) = lacking(True)
+    assert line.startswith("image: snakemake-executor-plugin-nowhere is missing, >=2.7.1 needed"), line
+    assert lacking(False) == []

@@ -58,6 +58,7 @@ def run_image(args: argparse.Namespace) -> None:
         out=Path(out),
         runner=args.runner,
         dry_run=args.dry_run,
+        controller=not cluster.host_installs,  # snakemake runs from the image: it carries it
     ):
         print(line)
     if not args.dry_run:
@@ -131,6 +132,7 @@ def run_rehearsal_summary(args: argparse.Namespace) -> None:
         miopen_cache=args.miopen_cache,
         transport=args.transport,
         full_samples_per_epoch=rehearsal.full_epoch_samples(args.config, args.full_config, max(locations, 1)),
+        train_locations=max(locations, 1),
         stage1_estimate_gb=estimate,
         run={"experiment": args.experiment, "seed": args.seed} if args.experiment else None,
     )

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from vcloud.constants import MEMORY_MARGIN
 from vcloud.errors import ConfigError
 from vcloud.registry import STAGES
 from vcloud.runtime.lumi import (
@@ -123,12 +124,14 @@ def _under(path: str, folder: str) -> bool:
 def run_paths(config: dict, cluster: Cluster) -> dict[str, str]:
     """The paths every job reads or writes, by config key, as the config gives them."""
     paths = {"working directory": "."}
-    if not config["synthetic"]["enabled"]:
+    if config["data"].get("source") == "folder":  # your own locations (docs/data.md)
+        paths["data.folder"] = str(config["data"]["folder"])
+    elif not config["synthetic"]["enabled"]:
         raw = config["data"]["raw"]
         for i, path in enumerate([raw] if isinstance(raw, str) else raw):
             paths["data.raw" if isinstance(raw, str) else f"data.raw[{i}]"] = str(path)
-        if config["data"].get("wind_table"):
-            paths["data.wind_table"] = str(config["data"]["wind_table"])
+    if not config["synthetic"]["enabled"] and config["data"].get("wind_table"):
+        paths["data.wind_table"] = str(config["data"]["wind_table"])
     paths["paths.prepared"] = str(config["paths"]["prepared"])
     paths["paths.results"] = str(config["paths"]["results"])
     if cluster.env_image:
@@ -384,9 +387,10 @@ def check_resubmission(
         "writes latest.pt and exits 3. SLURM requeues only on node failure or preemption; a "
         "timeout or exit 3 is resubmitted by snakemake, up to each rule's retries:"
     )
-    from vcloud.runtime.bill import training_groups
+    from vcloud.runtime.bill import basis_of, run_epoch_minutes, training_groups
 
     run_model_sets = {rule: [m for _, m, _ in groups] for rule, groups in training_groups(config).items()}
+    basis = basis_of(config, model_set, epoch_minutes)
     for stage in STAGES:
         rule = stage.train_rule
         if rule not in config["resources"]:
@@ -398,8 +402,6 @@ def check_resubmission(
                 f"half of {rule}'s {res.runtime} min wall time"
             )
             continue
-        # A grid's trainings of the stage: the retries of the one with the most epochs (the rule's).
-        epochs = max(getattr(m, stage.name).train.epochs for m in run_model_sets.get(rule, [model_set]))
         measured = (epoch_minutes or {}).get(rule)
         minutes = measured or res.epoch_minutes
         if minutes is None:
@@ -407,21 +409,34 @@ def check_resubmission(
                 f"resources.{rule}.epoch_minutes: not set and not measured yet; {cluster.spare_retries} retries only"
             )
             continue
-        try:
-            retries = retries_needed(
-                epochs=epochs,
-                epoch_minutes=minutes,
-                runtime=res.runtime,
-                signal_seconds=cluster.signal_seconds,
-                restart_minutes=cluster.restart_minutes,
-                spare=cluster.spare_retries,
-            )
-        except ConfigError as err:
-            report.errors.append(f"resources.{rule}.runtime: {err}")
+        # A grid's trainings of the stage: the retries of the longest (the rule's), each run's
+        # epochs at its epoch time (scaled to its samples per epoch: vcloud.runtime.bill).
+        longest = None
+        for one in run_model_sets.get(rule, [model_set]):
+            own, scaling = run_epoch_minutes(rule, minutes, one, basis)
+            epochs = getattr(one, stage.name).train.epochs
+            try:
+                retries = retries_needed(
+                    epochs=epochs,
+                    epoch_minutes=own,
+                    runtime=res.runtime,
+                    signal_seconds=cluster.signal_seconds,
+                    restart_minutes=cluster.restart_minutes,
+                    spare=cluster.spare_retries,
+                )
+            except ConfigError as err:
+                report.errors.append(f"resources.{rule}.runtime: {err}")
+                break
+            if longest is None or (epochs * own, retries) > longest[:2]:
+                longest = (epochs * own, retries, epochs, scaling)
+        if longest is None:
             continue
+        _, retries, epochs, scaling = longest
         source = "measured" if measured else "estimated"
+        scaling = f" {scaling}" if scaling else ""
         report.lines.append(
-            f"  {rule:<16} {epochs} epochs x {minutes:.1f} min ({source}) in {res.runtime} min jobs: {retries} retries"
+            f"  {rule:<16} {epochs} epochs x {minutes:.1f} min ({source}){scaling} in {res.runtime} min jobs: "
+            f"{retries} retries"
         )
 
 
@@ -497,11 +512,6 @@ def stage_gpus(config: dict, cluster: Cluster, overrides: dict | None = None) ->
 
 
 PHASE_WORDS = {"step": "step", "validate": "validation", "teacher": "teacher's pseudo-labelling"}
-# What the estimate leaves out (allocator reserve and fragmentation, cuDNN/MIOpen workspaces, the
-# GPU context): on an H100 the memory torch reserved was up to 1.17x the estimate (stage 2, full
-# config, docs/performance.md), the allocated peak within -8..+4 % of it. Here and not beside the
-# estimator (models/memory.py) since the doctor runs where torch is not installed.
-MEMORY_MARGIN = 1.2
 
 
 def check_memory(
@@ -599,7 +609,9 @@ def check_precision(model_set, cluster: Cluster, partitions: dict[str, list[str]
 
 def measured_epoch_minutes(config: dict) -> dict[str, float]:
     """Minutes per epoch of each training stage that has logged epochs (metrics.jsonl under
-    paths.results, relative to the working directory)."""
+    paths.results, relative to the working directory), else as a passing rehearsal measured them:
+    an EpochMinutes, with the samples per epoch each training rule's epoch time belongs to."""
+    from vcloud.runtime.bill import EpochMinutes, epoch_basis
     from vcloud.runtime.lumi import measured_epoch_minutes as from_lines
 
     found = {}
@@ -613,9 +625,9 @@ def measured_epoch_minutes(config: dict) -> dict[str, float]:
             found[stage.train_rule] = minutes
     from vcloud.runtime.rehearsal import rehearsed_epoch_minutes
 
-    for rule, minutes in rehearsed_epoch_minutes(config).items():
-        found.setdefault(rule, minutes)  # the real run's own epochs win once it has some
-    return found
+    rehearsed = {rule: m for rule, m in rehearsed_epoch_minutes(config).items() if rule not in found}
+    found.update(rehearsed)  # the real run's own epochs win once it has some
+    return EpochMinutes(found, basis=epoch_basis(config, rehearsed=tuple(rehearsed)))
 
 
 # --- entry points -------------------------------------------------------------------------
@@ -654,6 +666,10 @@ def preflight(
         report.errors += version_problems()
         report.warnings += version_warnings(repo)
         report.errors += check_image(image=cluster.image, env_image=cluster.env_image, repo=repo)
+        if not cluster.host_installs:  # snakemake runs from the image: it must carry it (in the image only)
+            from vcloud.runtime.image_run import package_problems
+
+            report.errors += package_problems(repo)
         from vcloud.runtime.image import version_stamp
         from vcloud.runtime.rehearsal import doctor_warning
 

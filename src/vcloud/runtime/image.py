@@ -112,23 +112,29 @@ def build_commands(
     mount: str = MOUNT,
     runner: str = "singularity",
     pins: str = "image-pins.txt",
+    controller: bool = False,
 ) -> list[list[str]]:
     """The commands after the probe, in order: venv inside the base image, packages (held to
     the image's torch and numpy, `pins` in the build folder, and containers/image-constraints.txt),
-    vcloud, an import check, squashfs."""
+    vcloud, an import check, squashfs. `controller`: the site runs snakemake from the image
+    (host_installs: false), which then carries containers/requirements-controller.txt too."""
     exec_ = [runner, "exec", "-B", f"{build}:{mount}", "-B", str(repo), base]
     pip = [*exec_, f"{mount}/venv/bin/python", "-m", "pip", "install", "--no-cache-dir"]
+    requirements = ["requirements-image.txt", *(["requirements-controller.txt"] if controller else [])]
+    imports = "vcloud, torch, zarr, xarray, s2cloudless" + (
+        ", snakemake, snakemake_executor_plugin_slurm, mlflow" if controller else ""
+    )
     constraints = ["-c", f"{mount}/{pins}", "-c", str(repo / "containers" / "image-constraints.txt")]
     return [
         [*exec_, "python3", "-m", "venv", "--system-site-packages", f"{mount}/venv"],
-        [*pip, *constraints, "-r", str(repo / "containers" / "requirements-image.txt")],
+        [*pip, *constraints, *(arg for name in requirements for arg in ("-r", str(repo / "containers" / name)))],
         # --no-deps: torch and numpy stay the image's own builds.
         [*pip, "--no-deps", str(repo)],
         [
             *exec_,
             f"{mount}/venv/bin/python",
             "-c",
-            "import vcloud, torch, zarr, xarray, s2cloudless; print('vcloud', vcloud.__version__, 'torch', torch.__version__)",
+            f"import {imports}; print('vcloud', vcloud.__version__, 'torch', torch.__version__)",
         ],
         # As the LUMI AI guide packs environments: xattrs cause warnings on LUMI.
         ["mksquashfs", str(build), str(out), "-noappend", "-quiet", "-no-xattrs"],
@@ -144,6 +150,7 @@ def build(
     runner: str = "singularity",
     workdir: Path | None = None,
     dry_run: bool = False,
+    controller: bool = False,
 ) -> list[str]:
     """Build the squashfs environment at `out` (packed beside it, renamed when complete).
 
@@ -172,7 +179,13 @@ def build(
             (folder / STAMP).write_text(version_stamp(repo) + "\n")
             (folder / "image-pins.txt").write_text("\n".join(image_pins(_run(probe), base)) + "\n")
         for command in build_commands(
-            base=base, repo=Path(repo), build=folder, out=partial, mount=mount or str(folder), runner=runner
+            base=base,
+            repo=Path(repo),
+            build=folder,
+            out=partial,
+            mount=mount or str(folder),
+            runner=runner,
+            controller=controller,
         ):
             lines.append(shlex.join(command))
             if not dry_run:

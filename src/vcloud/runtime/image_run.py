@@ -36,6 +36,7 @@ from vcloud.errors import ConfigError
 from vcloud.io import atomic_write_text
 
 BIN = "bin"  # profiles/<site>/bin
+REQUIREMENTS = "containers/requirements-controller.txt"  # what snakemake in the image needs
 SCRIPT = "vcloud-image"
 NAMES = ("python", "python3", "vcloud")
 
@@ -57,6 +58,45 @@ def check(cluster) -> None:
     for name, part in cluster.partitions.items():
         if part.arch != "x86_64" and part.arch not in cluster.images:
             raise ConfigError(f"cluster.images: no {part.arch} image for partition {name}")
+
+
+def in_image() -> bool:
+    """Inside a container: apptainer makes /.singularity.d in every one (see the module's text)."""
+    return Path("/.singularity.d").is_dir()
+
+
+def package_problems(repo: Path, *, inside: bool | None = None) -> list[str]:
+    """Where snakemake runs from the image, the image it runs in must carry the packages of
+    containers/requirements-controller.txt at their floors: one line per one missing or too old.
+    Run in the image (`vcloud doctor` through profiles/<site>/bin); on the host, nothing is
+    checked (the image of another architecture cannot be run there either)."""
+    from importlib import metadata
+
+    if not (in_image() if inside is None else inside):
+        return []
+    try:
+        from packaging.requirements import Requirement  # snakemake's dependency
+    except ImportError:
+        return [
+            f"image: packaging is missing (snakemake needs it), so is snakemake: build the image with {REQUIREMENTS}"
+        ]
+    problems = []
+    for line in (Path(repo) / REQUIREMENTS).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        want = Requirement(line)
+        try:
+            have = metadata.version(want.name)
+        except metadata.PackageNotFoundError:
+            have = None
+        if have is None or not want.specifier.contains(have, prereleases=True):
+            found = "is missing" if have is None else f"is {have}"
+            problems.append(
+                f"image: {want.name} {found}, {want.specifier} needed: snakemake runs from the image on this site "
+                f"(host_installs: false); build the image with {REQUIREMENTS} (docs/clusters.md)"
+            )
+    return problems
 
 
 def script(cluster, here: Path) -> str:
