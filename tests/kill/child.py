@@ -1,6 +1,7 @@
 """`vcloud train` that SIGKILLs itself at one chosen point (the kill harness's child process).
 
     python -m tests.kill.child POINT N SECONDS -- <vcloud train arguments>
+    python -m tests.kill.child --serve    (a fork server: one request per line, see serve())
 
 POINT is where to die, at its N-th occurrence (with KILL_GROUP=1 the whole process group dies, e.g. snakemake): save_mid (inside torch.save, half a file
 written), before_rename / after_rename (either side of an os.replace: checkpoints, metrics),
@@ -138,7 +139,51 @@ def fix_validation_scores(scores: str) -> None:
     trainer.Trainer._validate = validate
 
 
+def serve() -> int:
+    """A fork server for a chain of kills: torch and vcloud are imported once, then each request
+    (a JSON line on stdin: {"point", "n", "seconds", "args", "log"}) runs `vcloud train ARGS` in a
+    forked child that installs its kill point, its stdout and stderr in the file `log`; the reply
+    is a JSON line on stdout: {"returncode"}, negative for the signal that ended the child, as
+    subprocess gives it. Each child is a process of its own, killed as any other; what the fork
+    saves is only the import (about 2.5 s of CPU per process here). The server runs nothing of
+    torch's itself before it forks, so no thread pool exists to be copied half-held."""
+    import json
+    import traceback
+
+    import torch
+
+    from vcloud.cli import main as vcloud
+    from vcloud.train import records, trainer  # noqa: F401 - imported once, patched in the children
+
+    torch.set_num_threads(1)  # as main(): identical arithmetic in every process
+    for line in sys.stdin:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:  # the child: its kill point, then the training; never back into the loop
+            code = 1
+            try:
+                fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                install(request["point"], int(request["n"]), float(request["seconds"]))
+                code = vcloud(["train", *request["args"]]) or 0
+            except SystemExit as exit_:
+                code = exit_.code if isinstance(exit_.code, int) else 1
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        print(json.dumps({"returncode": code}), flush=True)
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--serve"]:
+        return serve()
     point, n, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     assert sys.argv[4] == "--"
     import torch

@@ -6,6 +6,10 @@ rename (checkpoints and metrics.jsonl), entering validation, entering the metric
 at a random time - and the next process resumes. The chain ends with a run that is not
 killed. The result must equal the uninterrupted run bit for bit (best.pt and latest.pt
 weights, optimizer moments) with exactly one metrics row per epoch, equal to the reference's.
+
+Every training (the references too) is a process of its own, forked by one server that imported
+torch and vcloud once (tests/kill/child.py --serve): the kills are real SIGKILLs of real
+processes, and 36 processes do not each pay the import.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -46,6 +52,7 @@ CHAIN = [
     ("after_rename", 6),
 ]
 RANDOM_KILLS = 4
+CHILD_TIMEOUT_S = 300
 
 
 @pytest.fixture(scope="module")
@@ -61,28 +68,43 @@ def harness_config(tmp_path_factory):
     return path
 
 
-def _train(point: str, n: int, seconds: float, *, stage: int, config: Path, store: Path, out: Path):
+@dataclass
+class Done:
+    returncode: int
+    stderr: str  # the child's output (stdout and stderr)
+
+
+@pytest.fixture(scope="module")
+def trainer_server():
+    """tests/kill/child.py's fork server: every training of this module in a process of its own,
+    forked from one that imported torch and vcloud once."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]))
-    command = [
-        sys.executable,
-        "-m",
-        "tests.kill.child",
-        point,
-        str(n),
-        str(seconds),
-        "--",
-        "--stage",
-        str(stage),
-        "--config",
-        str(config),
-        "--train",
-        str(store),
-        "--val",
-        str(store),
-        "--out",
-        str(out),
-    ]
-    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tests.kill.child", "--serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    yield server
+    server.stdin.close()
+    server.wait(timeout=60)
+
+
+def _train(server, point: str, n: int, seconds: float, *, stage: int, config: Path, store: Path, out: Path) -> Done:
+    args = ["--stage", str(stage), "--config", str(config), "--train", str(store), "--val", str(store)]
+    log = out.with_name(f"{out.name}.log")
+    request = {"point": point, "n": n, "seconds": seconds, "args": [*args, "--out", str(out)], "log": str(log)}
+    server.stdin.write(json.dumps(request) + "\n")
+    server.stdin.flush()
+    ready, _, _ = select.select([server.stdout], [], [], CHILD_TIMEOUT_S)
+    if not ready:  # a training that hangs: the server (and its child) go, the test fails
+        server.kill()
+        pytest.fail(f"no reply within {CHILD_TIMEOUT_S} s to {request}; the child's log:\n{log.read_text()[-3000:]}")
+    reply = server.stdout.readline()
+    assert reply, f"the trainer server ended (exit {server.poll()})"
+    return Done(json.loads(reply)["returncode"], log.read_text() if log.exists() else "")
 
 
 def _rows(out: Path) -> list[dict]:
@@ -102,18 +124,20 @@ def _same_weights(a: dict, b: dict):
 
 
 @pytest.fixture(scope="module")
-def references(tiny_store, harness_config, tmp_path_factory):
+def references(trainer_server, tiny_store, harness_config, tmp_path_factory):
     outs = {}
     for stage in (0, 1):
-        out = tmp_path_factory.mktemp(f"reference{stage}")
-        proc = _train("none", 0, 0, stage=stage, config=harness_config, store=tiny_store, out=out)
+        out = tmp_path_factory.mktemp(f"reference{stage}") / "out"
+        proc = _train(trainer_server, "none", 0, 0, stage=stage, config=harness_config, store=tiny_store, out=out)
         assert proc.returncode == 0, proc.stderr[-3000:]
         outs[stage] = out
     return outs
 
 
 @pytest.mark.parametrize("stage", [0, 1])
-def test_sigkill_anywhere_then_resume_ends_bit_identical(stage, tiny_store, harness_config, references, tmp_path):
+def test_sigkill_anywhere_then_resume_ends_bit_identical(
+    stage, trainer_server, tiny_store, harness_config, references, tmp_path
+):
     reference = references[stage]
     rng = random.Random(1234 + stage)  # fixed: the same random kill times on every run
     kills = CHAIN + [("timer", 0, rng.uniform(0.02, 1.0)) for _ in range(RANDOM_KILLS)]
@@ -121,7 +145,7 @@ def test_sigkill_anywhere_then_resume_ends_bit_identical(stage, tiny_store, harn
     died = []
     for kill in kills:
         point, n, seconds = (*kill, 0.0) if len(kill) == 2 else kill
-        proc = _train(point, n, seconds, stage=stage, config=harness_config, store=tiny_store, out=out)
+        proc = _train(trainer_server, point, n, seconds, stage=stage, config=harness_config, store=tiny_store, out=out)
         assert proc.returncode in (0, -signal.SIGKILL), (kill, proc.stderr[-3000:])
         if proc.returncode == -signal.SIGKILL:
             died.append(kill)
@@ -134,7 +158,7 @@ def test_sigkill_anywhere_then_resume_ends_bit_identical(stage, tiny_store, harn
     # still reaches after the earlier kills varies (8 to 11 of 15 seen on one machine): half is
     # the floor; the bit-for-bit comparison below is what the test is about.
     assert len(died) >= len(CHAIN) // 2, died
-    proc = _train("none", 0, 0, stage=stage, config=harness_config, store=tiny_store, out=out)
+    proc = _train(trainer_server, "none", 0, 0, stage=stage, config=harness_config, store=tiny_store, out=out)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     latest, ref_latest = ckpt.load_checkpoint(out / "latest.pt"), ckpt.load_checkpoint(reference / "latest.pt")

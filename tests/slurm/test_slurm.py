@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -104,53 +103,72 @@ def minutes(limit: str) -> int:
     return int(days or 0) * 24 * 60 + h * 60 + m + (s > 0)
 
 
+# LUMI's dev-g rehearsal as the tests' pipeline run: config/lumi.yaml + config/lumi-rehearsal.yaml
+# through `snakemake --profile lumi`, in the strict container stand-in, tiny models on the one-node
+# cluster. Each rule asks for its own wall time (minutes), so sacct shows which request each job got.
+REHEARSAL_GPU = {"partition": "dev-g", "gpus": 1, "cpus_per_gpu": 2, "threads": 2, "mem_mb_per_gpu": 1500}
+REHEARSAL_CPU = {"partition": "small", "threads": 1, "mem_mb": 1500}
+REHEARSAL_RUNTIME = {
+    **{f"train_stage{n}": 30 + n for n in range(4)},
+    **{f"evaluate_stage{n}": 25 + n for n in range(4)},
+    **dict(synth_raw=10, index_archive=17, prepare_roi=20, assemble_split=15, wind_cache=11),
+    **dict(fixed_protocol=14, export_viewer=16),
+}
+REHEARSAL_EPOCHS = 10  # stage 1's, 2 steps each: its first job, paced, is warned after 4 s
+
+
 @pytest.fixture(scope="module")
 def slurm_run(slurm_cluster, tmp_path_factory):
-    work = tmp_path_factory.mktemp("slurm")
-    (work / "slurm.yaml").write_text(yaml.safe_dump(SLURM_CONFIG))
-    started = time.perf_counter()
-    proc = subprocess.run(
-        [
-            *SNAKEMAKE,
-            "-s",
-            str(REPO / "Snakefile"),
-            "-d",
-            str(work),
-            "--executor",
-            "slurm",
-            "--jobs",
-            "4",
-            "--configfile",
-            "slurm.yaml",
-            "--default-resources",
-            f"slurm_account={TEST_ACCOUNT}",
-            "--slurm-logdir",
-            str(work / "slurm_logs"),
-            "--slurm-keep-successful-logs",
-            *FAST,
-        ],
-        cwd=work,
-        env=fast_polling(dict(os.environ)),
-        capture_output=True,
-        text=True,
-        timeout=1500,
+    """The rehearsal's working folder and its time. Paced (tests/slurm/pace): stage 1's first job
+    sleeps 1 s after each optimizer step, so the forced warning (4 s) finds it training; the
+    resumed job runs unpaced. (The RCCL transport step needs RCCL: it is off here and tested on
+    its own in tests/unit/test_rehearsal.py.)"""
+    from tests.lumi.helpers import require_stand_in
+
+    require_stand_in()
+    work = tmp_path_factory.mktemp("rehearsal")
+    models = yaml.safe_load((REPO / "tests/workflow/tiny_models.yaml").read_text())
+    models["stage1"]["train"]["epochs"] = REHEARSAL_EPOCHS
+    (work / "models.yaml").write_text(yaml.safe_dump(models))
+    resources = {
+        rule: dict(REHEARSAL_GPU if "stage" in rule else REHEARSAL_CPU, runtime=minutes)
+        for rule, minutes in REHEARSAL_RUNTIME.items()
+    }
+    for n in range(4):
+        resources[f"train_stage{n}"]["epoch_minutes"] = 0.1
+    resources["train_stage1"]["rehearse_warning"] = 4
+    overlay, cluster = write_overlay(
+        work,
+        binds=[str(work), str(REPO)],  # on LUMI the clone is the working directory, bound
+        synthetic={"enabled": True, "rois": ["ROIs1970/21", "ROIs2017/22", "ROIs2017/32"], "patches": 1},
+        model_config=str(work / "models.yaml"),
+        rehearsal={"enabled": True, "summary": "results-rehearsal/rehearsal.json", "transport": False},
+        paths={"prepared": "results-rehearsal/prepared", "results": "results-rehearsal"},
     )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    extra = yaml.safe_load(overlay.read_text())
+    extra["cluster"].update(signal_seconds=60, restart_minutes=0)
+    extra["resources"] = resources
+    overlay.write_text(yaml.safe_dump(extra))
+    env = stand_in_env(work)
+    pace = shutil.copytree(REPO / "tests/slurm/pace", work / "pace")  # under the bind
+    env.update(PYTHONPATH=str(pace), VCLOUD_TEST_PACE_STEP_S="1", VCLOUD_TEST_PACE_ONLY="stage1")
+    fast_polling(env, pace)
+    command = [*SNAKEMAKE, "--profile", "lumi", "-d", str(work), "--configfile", "config/lumi.yaml"]
+    command += ["config/lumi-rehearsal.yaml", str(overlay), "--apptainer-args", cluster.apptainer_args(), *FAST]
+    started = time.perf_counter()
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=2400)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     return work, time.perf_counter() - started
 
 
-def job_rules(work: Path) -> dict[str, str]:
-    """SLURM job id -> rule, from the plugin's per-job log files (<logdir>/<rule>/.../<id>.log)."""
-    jobs = {}
-    for log in (work / "slurm_logs").rglob("*.log"):
-        rule = log.relative_to(work / "slurm_logs").parts[0].removeprefix("rule_")
-        jobs[log.stem] = rule
-    return jobs
+def job_rules(logs: Path) -> dict[str, str]:
+    """SLURM job id -> rule, from the plugin's per-job log files (<logdir>/rule_<rule>/.../<id>.log)."""
+    return {log.stem: log.relative_to(logs).parts[0].removeprefix("rule_") for log in logs.rglob("*.log")}
 
 
 def test_every_rule_ran_as_a_slurm_job_with_its_configured_request(slurm_run):
     work, seconds = slurm_run
-    jobs = job_rules(work)
+    jobs = job_rules(work / "logs" / "slurm")  # slurm-logdir from the lumi profile
     ran = sorted(jobs.values())
     expected = (
         ["assemble_split"] * 3
@@ -158,25 +176,48 @@ def test_every_rule_ran_as_a_slurm_job_with_its_configured_request(slurm_run):
         + ["prepare_roi"] * 3
         + ["synth_raw"]
         + [f"train_stage{n}" for n in range(4)]
-        + ["export_viewer", "wind_cache"]  # the models scan by wind (issue 13)
+        + ["train_stage1"]  # resubmitted after the forced wall-time warning
+        + ["export_viewer", "wind_cache"]  # the models scan by wind
         + ["fixed_protocol"]  # the fixed protocol's detection, once for every evaluation
         + ["index_archive"] * 4
     )  # the synthetic raw data come as archives: s1 and s2, train and test, of one region
     assert ran == sorted(expected), ran
-    # The report rules are local rules (seconds of work): made, but never queued.
-    for made in ("results/report/accounting.tsv", "results/report/evaluation.html", "results/report/curves/stage3.png"):
-        assert (work / made).is_file(), made
+    # The report rules and the closing summary are local rules (seconds of work): made, never queued.
+    made = ["accounting.tsv", "evaluation.html", "curves/stage3.png"]
+    for path in [*(f"results-rehearsal/report/{name}" for name in made), "results-rehearsal/rehearsal.json"]:
+        assert (work / path).is_file(), path
+    warned = min((job for job, rule in jobs.items() if rule == "train_stage1"), key=int)
     for job_id, rule in jobs.items():
         acct = sacct(job_id)
-        want = SLURM_CONFIG["resources"][rule]  # index_archive has its own request (one thread)
-        assert acct["state"] == "COMPLETED", (rule, acct)
-        assert acct["partition"] == want["partition"], (rule, acct)
-        assert minutes(acct["timelimit"]) == want["runtime"], (rule, acct)
+        assert acct["state"] == ("FAILED" if job_id == warned else "COMPLETED"), (rule, acct)
+        assert acct["partition"] == ("dev-g" if "stage" in rule else "small"), (rule, acct)
+        assert minutes(acct["timelimit"]) == REHEARSAL_RUNTIME[rule], (rule, acct)
         assert acct["account"] == TEST_ACCOUNT, (rule, acct)
-        assert ("gres/gpu=1" in acct["tres"]) == bool(want.get("gpus")), (rule, acct)
+        assert ("gres/gpu=1" in acct["tres"]) == ("stage" in rule), (rule, acct)
     for stage in range(4):
-        assert (work / f"results/eval/stage{stage}.json").is_file()
-    print(f"slurm pipeline: {len(jobs)} jobs in {seconds:.0f} s")
+        assert (work / f"results-rehearsal/eval/stage{stage}.json").is_file()
+    print(f"slurm pipeline (the dev-g rehearsal): {len(jobs)} jobs in {seconds:.0f} s")
+
+
+def test_the_rehearsal_resumes_after_the_forced_warning_and_passes(slurm_run):
+    """Stage 1's first job is warned (exit 3 of its step) and the next one finishes it; the closing
+    summary, read inside the container, passes."""
+    work, _ = slurm_run
+    summary = json.loads((work / "results-rehearsal/rehearsal.json").read_text())
+    assert summary["passed"] and summary["problems"] == [], summary
+    assert summary["stages"]["stage1"]["resumed"] and not summary["stages"]["stage0"]["resumed"]
+    rows = [json.loads(x) for x in (work / "results-rehearsal/stage1/metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r["epoch"] >= 0]
+    assert [r["epoch"] for r in rows] == list(range(REHEARSAL_EPOCHS)) and rows[0]["epoch_s"] >= 1.0  # paced
+    assert summary["stamp"] and summary["stamp"].startswith("vcloud ")  # read inside the container
+    assert set(summary["epoch_minutes"]) == {f"train_stage{n}" for n in range(4)}
+    jobs = sorted((work / "logs/slurm/rule_train_stage1").rglob("*.log"), key=lambda p: int(p.stem))
+    assert len(jobs) == 2 and sacct(jobs[-1].stem)["state"] == "COMPLETED"
+    steps = subprocess.run(
+        ["sacct", "-n", "-P", "-j", jobs[0].stem, "-o", "JobID,ExitCode"], capture_output=True, text=True
+    ).stdout.split()
+    assert f"{jobs[0].stem}.0|3:0" in steps, steps
+    assert "rehearsal: PASSED" in (work / "logs/rehearsal_summary/rehearsal_summary.log").read_text()
 
 
 def test_two_task_srun_ddp_through_the_multinode_launch_line(slurm_run, tmp_path):
@@ -193,7 +234,7 @@ def test_two_task_srun_ddp_through_the_multinode_launch_line(slurm_run, tmp_path
     out = tmp_path / "ddp"
     command = (
         f"{line} vcloud train --stage 0 --config {REPO / 'tests/workflow/tiny_models.yaml'}"
-        f" --train {work / 'results/prepared/train.zarr'} --val {work / 'results/prepared/val.zarr'}"
+        f" --train {work / 'results-rehearsal/prepared/train.zarr'} --val {work / 'results-rehearsal/prepared/val.zarr'}"
         f" --out {out}"
     )
     # As the SLURM jobstep does for a rule with an mpi resource: no SLURM_* but the job id.
