@@ -15,8 +15,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from vcloud.config.workflow import parse_yaml
 from vcloud.constants import MEMORY_MARGIN
 from vcloud.errors import ConfigError
 from vcloud.registry import STAGES
@@ -763,7 +762,7 @@ def _read_profile(profile: Path) -> dict:
     path = Path(profile) / "config.yaml"
     if not path.is_file():
         raise ConfigError(f"{profile}: no config.yaml (a snakemake profile folder)")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = parse_yaml(path.read_text()) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping")
     return data

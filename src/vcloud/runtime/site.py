@@ -14,10 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from vcloud.config.overlay import overlay
-from vcloud.config.workflow import read_yaml, schema_errors
+from vcloud.config.workflow import load_schema, read_yaml, schema_errors
 from vcloud.errors import ConfigError
 
 SITES = Path("config") / "sites"
@@ -61,7 +59,7 @@ def load_site(name: str, root: Path) -> dict:
 
 def _site_schema(root: Path) -> dict:
     """The workflow schema's `cluster` section without the user's required keys."""
-    full = yaml.safe_load((Path(root) / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    full = load_schema(Path(root) / "workflow" / "schemas" / "config.schema.yaml")
     cluster = dict(full["properties"]["cluster"])
     cluster["required"] = [key for key in cluster.get("required", []) if key not in USER_KEYS]
     return {**cluster, "$defs": full.get("$defs", {})}
