@@ -92,10 +92,14 @@ def trainer_server():
     server.wait(timeout=60)
 
 
-def _train(server, point: str, n: int, seconds: float, *, stage: int, config: Path, store: Path, out: Path) -> Done:
+def _train(
+    server, point: str, n: int, seconds: float, *, stage: int, config: Path, store: Path, out: Path, extra=()
+) -> Done:
+    """`vcloud train --stage STAGE ... --out OUT EXTRA` in a child of the server that SIGKILLs itself
+    at `point` (tests/kill/child.py); its output in OUT.log beside OUT."""
     args = ["--stage", str(stage), "--config", str(config), "--train", str(store), "--val", str(store)]
     log = out.with_name(f"{out.name}.log")
-    request = {"point": point, "n": n, "seconds": seconds, "args": [*args, "--out", str(out)], "log": str(log)}
+    request = {"point": point, "n": n, "seconds": seconds, "args": [*args, "--out", str(out), *extra], "log": str(log)}
     server.stdin.write(json.dumps(request) + "\n")
     server.stdin.flush()
     ready, _, _ = select.select([server.stdout], [], [], CHILD_TIMEOUT_S)

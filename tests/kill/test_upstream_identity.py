@@ -9,17 +9,14 @@ both identities, and stage 2 trains from the start.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
 import yaml
 
-from tests.kill.test_kill_harness import REPO, _train
+from tests.kill.test_kill_harness import REPO, _train, trainer_server  # noqa: F401 - the server fixture
 from vcloud.train import checkpoint as ckpt
 
 pytestmark = pytest.mark.kill
@@ -38,43 +35,27 @@ def config(tmp_path_factory):
     return path
 
 
-def _stage2(point, n, *, config, store, out, stage1, extra=()):
+def _stage2(server, point, n, *, config, store, out, stage1, extra=()):
     """`vcloud train --stage 2` in a child that SIGKILLs itself at `point` (tests/kill/child.py)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]))
-    command = [
-        sys.executable,
-        "-m",
-        "tests.kill.child",
-        point,
-        str(n),
-        "0",
-        "--",
-        "--stage",
-        "2",
-        "--config",
-        str(config),
-        "--train",
-        str(store),
-        "--val",
-        str(store),
-        "--out",
-        str(out),
-        "--stage1",
-        str(stage1),
-        *extra,
-    ]
-    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    return _train(
+        server, point, n, 0.0, stage=2, config=config, store=store, out=out, extra=["--stage1", str(stage1), *extra]
+    )
 
 
-def test_upstream_weights_changed_while_stage2_was_interrupted_start_it_fresh(config, tiny_store, tmp_path):
+def test_upstream_weights_changed_while_stage2_was_interrupted_start_it_fresh(
+    trainer_server,  # noqa: F811 - the fixture
+    config,
+    tiny_store,
+    tmp_path,
+):
     stage1 = tmp_path / "stage1"
-    proc = _train("none", 0, 0.0, stage=1, config=config, store=tiny_store, out=stage1)
+    proc = _train(trainer_server, "none", 0, 0.0, stage=1, config=config, store=tiny_store, out=stage1)
     assert proc.returncode == 0, proc.stderr[-3000:]
     stage1_best = stage1 / "best.pt"
 
     out = tmp_path / "stage2"
     # Validations: before training (-1), epoch 0, epoch 1: die entering the last one.
-    proc = _stage2("validation", 3, config=config, store=tiny_store, out=out, stage1=stage1_best)
+    proc = _stage2(trainer_server, "validation", 3, config=config, store=tiny_store, out=out, stage1=stage1_best)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     interrupted = ckpt.load_checkpoint(out / "latest.pt")
     assert (interrupted["epoch"], interrupted["finished"]) == (1, False)
@@ -83,7 +64,7 @@ def test_upstream_weights_changed_while_stage2_was_interrupted_start_it_fresh(co
 
     same = tmp_path / "same"  # control: the same stage-1 weights resume the interrupted run
     shutil.copytree(out, same)
-    proc = _stage2("none", 0, config=config, store=tiny_store, out=same, stage1=stage1_best)
+    proc = _stage2(trainer_server, "none", 0, config=config, store=tiny_store, out=same, stage1=stage1_best)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resuming interrupted run" in proc.stderr and "starting fresh" not in proc.stderr
     assert [p.name for p in same.glob("latest*.pt")] == ["latest.pt"]
@@ -93,7 +74,7 @@ def test_upstream_weights_changed_while_stage2_was_interrupted_start_it_fresh(co
     name = next(iter(state["model"]))
     state["model"][name] = state["model"][name] + 1e-3
     ckpt.save_checkpoint(stage1_best, state)
-    proc = _stage2("none", 0, config=config, store=tiny_store, out=out, stage1=stage1_best)
+    proc = _stage2(trainer_server, "none", 0, config=config, store=tiny_store, out=out, stage1=stage1_best)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     kept = out / f"latest.{old_key[:8]}.pt"
@@ -111,7 +92,9 @@ def test_upstream_weights_changed_while_stage2_was_interrupted_start_it_fresh(co
     assert epochs == [-1, 0, 1]  # trained from the start: the initial validation, then both epochs
 
     # Finished, same identity: only `vcloud train --fresh` trains it again, keeping the old one aside.
-    proc = _stage2("none", 0, config=config, store=tiny_store, out=out, stage1=stage1_best, extra=["--fresh"])
+    proc = _stage2(
+        trainer_server, "none", 0, config=config, store=tiny_store, out=out, stage1=stage1_best, extra=["--fresh"]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "a fresh start was asked for" in proc.stderr and "stage 2 epoch 1" in proc.stderr
     finished_aside = ckpt.load_checkpoint(out / f"latest.{new['resume_key'][:8]}.pt")
