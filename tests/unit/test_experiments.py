@@ -244,6 +244,14 @@ def test_a_rehearsal_of_a_grid_tries_one_run_the_baselines_first_seed_at_the_reh
     assert run.model_set.data.val_samples == model.data.val_samples
     (chosen,) = plan(**grid, rehearsal={"enabled": True, "experiment": "a"})
     assert (chosen.experiment, chosen.seed) == ("a", 4)
+    # Not compare's baseline: the one run it tries is the rehearsal's baseline (its viewer's run,
+    # compare's pairs), where the grid's baseline would not be found among its runs.
+    from vcloud.config.experiments import baseline, baseline_run
+
+    rehearsing = {"data": WORKFLOW_DATA, **grid, "rehearsal": {"enabled": True, "experiment": "a"}}
+    assert baseline(rehearsing, [chosen]) == "a" and baseline_run(rehearsing, [chosen]) == chosen
+    with pytest.raises(ConfigError, match=r"compare.baseline: 'long' is not an experiment \(a\)"):
+        baseline({**rehearsing, "rehearsal": {"enabled": False}}, [chosen])
     note = rehearsal_note({"data": WORKFLOW_DATA, **grid, "rehearsal": {"enabled": True}}, SMALL)
     assert note == (
         "one run of the grid: experiment long (compare's baseline), seed 4, of 2 experiments x 2 seeds; "

@@ -21,7 +21,7 @@ import pytest
 import torch
 import yaml
 
-from tests.workflow.snakemake_run import ROOT, SMALL, SNAKEMAKE
+from tests.workflow.snakemake_run import ONE_REGION, ROOT, SNAKEMAKE
 
 pytestmark = [pytest.mark.workflow, pytest.mark.kill]
 
@@ -109,12 +109,13 @@ def env_for(tmp_path, scores) -> dict:
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    """A work folder whose data is prepared and stage 1 trained once (early best)."""
+    """A work folder whose data is prepared (one region: the smallest data the chain runs on) and
+    stage 1 trained once (early best)."""
     base = tmp_path_factory.mktemp("resume")
     work = base / "work"
     work.mkdir()
     (work / "models.yaml").write_text(yaml.safe_dump(models_config()))
-    (work / "resume.yaml").write_text(yaml.safe_dump({**SMALL, "model_config": str(work / "models.yaml")}))
+    (work / "resume.yaml").write_text(yaml.safe_dump({**ONE_REGION, "model_config": str(work / "models.yaml")}))
     write_shim(base / "bin")
     snakemake(work, env_for(base, EARLY_BEST), TARGET)
     return work

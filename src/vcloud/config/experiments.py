@@ -154,6 +154,8 @@ def baseline(config: dict, runs: list[Run]) -> str:
     if chosen is None:
         return names[0]
     if chosen not in names:
+        if (config.get("rehearsal") or {}).get("enabled") and len(names) == 1:
+            return names[0]  # a grid's rehearsal tries one run (rehearsal.experiment): its own baseline
         raise ConfigError(f"compare.baseline: {chosen!r} is not an experiment ({', '.join(names)})")
     return chosen
 
