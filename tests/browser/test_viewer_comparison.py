@@ -8,11 +8,10 @@ no pipeline run is needed.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
+from tests.unit.test_viewer import _report
 from vcloud.evaluation.compare import write_run_comparison
 from vcloud.export import images as im
 from vcloud.export.viewer import LAST, LAYERS, METHODS, comparison_section, render_page
@@ -20,19 +19,6 @@ from vcloud.export.viewer import LAST, LAYERS, METHODS, comparison_section, rend
 pytestmark = pytest.mark.browser
 
 METRICS = {"psnr": 30.0, "ssim": 0.9, "sam": 2.0, "mae": 0.01, "rmse": 0.02}
-
-
-def _report(folder, name, stage, psnr):
-    protocol = {
-        "protocol": {"protocol": "fixed", "dates": 4},
-        "samples": len(psnr),
-        "cloud_class": ["thin"] * len(psnr),
-        "location": [0, 1],
-        "model": {"per_sample": {"psnr": psnr}},
-    }
-    path = folder / f"{name}.json"
-    path.write_text(json.dumps({"stage": stage, "protocols": {"fixed": protocol}}))
-    return path
 
 
 def _page(folder, *, comparison: bool):
@@ -72,8 +58,8 @@ def _page(folder, *, comparison: bool):
                 for seed in (0, 1):
                     name = f"{experiment}{seed}_{stage}"
                     values = [30.0 + gain * (seed + 1), 32.0 + seed]
-                    reports.append((experiment, seed, _report(folder, f"t_{name}", stage, values)))
-                    val_reports.append((experiment, seed, _report(folder, f"v_{name}", stage, [20.0, 21.0 + gain])))
+                    reports.append((experiment, seed, _report(folder, f"t_{name}", values, stage)))
+                    val_reports.append((experiment, seed, _report(folder, f"v_{name}", [20.0, 21.0 + gain], stage)))
         path = folder / "compare.json"
         write_run_comparison(
             reports, path, baseline="base", val_reports=val_reports, markdown_out=folder / "compare.md"

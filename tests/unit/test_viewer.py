@@ -181,8 +181,8 @@ def test_export_refuses_zero_samples(tiny_store, tmp_path):
 # --- a research run's viewer: the comparison of the runs on the page ---------------------------
 
 
-def _report(folder: Path, name: str, psnr: list[float]) -> Path:
-    """A stage-2 evaluation report of the fixed protocol on two samples at locations 0 and 1."""
+def _report(folder: Path, name: str, psnr: list[float], stage: int = 2) -> Path:
+    """An evaluation report of one stage, the fixed protocol on two samples at locations 0 and 1."""
     protocol = {
         "protocol": {"protocol": "fixed", "dates": 4},
         "samples": len(psnr),
@@ -191,7 +191,7 @@ def _report(folder: Path, name: str, psnr: list[float]) -> Path:
         "model": {"per_sample": {"psnr": psnr}},
     }
     path = folder / f"{name}.json"
-    path.write_text(json.dumps({"stage": 2, "protocols": {"fixed": protocol}}))
+    path.write_text(json.dumps({"stage": stage, "protocols": {"fixed": protocol}}))
     return path
 
 
