@@ -159,9 +159,16 @@ def with_stage4(monkeypatch):
         trains="stage2",
         predictor="vcloud.evaluation.predict:refined",
     )
+    import sys
+
+    imported = set(sys.modules)
     use_registry(monkeypatch, (*STAGES, stage4))
     yield stage4
     monkeypatch.undo()
+    # A module first imported during the test (a lazy import of the code under test) took the test
+    # registry's names: it goes, and is imported again, from the real registry, where next needed.
+    for name in [name for name in sys.modules if name.startswith("vcloud") and name not in imported]:
+        del sys.modules[name]
     importlib.reload(viewer)
 
 
