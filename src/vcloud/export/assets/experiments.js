@@ -8,16 +8,7 @@
   var comparison = data.comparison;
   if (!comparison) { return; }
 
-  function make(tag, props, children) {
-    var node = document.createElement(tag);
-    Object.keys(props || {}).forEach(function (key) {
-      if (key === "text") { node.textContent = props[key]; }
-      else if (key === "className") { node.className = props[key]; }
-      else { node.setAttribute(key, props[key]); }
-    });
-    (children || []).forEach(function (child) { node.appendChild(child); });
-    return node;
-  }
+  var make = window.vcloudMake;  // viewer.js's, inlined before this
 
   function table(stage) {
     var head = make("tr", {}, comparison.header.map(function (name) { return make("th", { text: name, scope: "col" }); }));

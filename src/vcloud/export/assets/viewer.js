@@ -27,6 +27,7 @@
     (children || []).forEach(function (child) { node.appendChild(child); });
     return node;
   }
+  window.vcloudMake = make;  // for a page's other sections (experiments.js), inlined after this
 
   function psnr(sample) { return sample.metrics[data.sort_method].psnr; }
 
