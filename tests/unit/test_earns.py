@@ -165,7 +165,7 @@ def test_reference_truths_spread_over_the_clear_dates():
 def test_reference_protocol_with_several_truths_per_location(tiny_store):
     one, several = ReferenceSamples(tiny_store, dates=2), ReferenceSamples(tiny_store, dates=2, truths=3)
     assert len(several) >= len(one)
-    for _location, truth, dates, slot in several.items:
+    for _location, truth, dates, slot, _ in several.items:
         assert truth not in dates and abs(dates[slot] - truth) == min(abs(d - truth) for d in dates)
 
 
@@ -324,7 +324,7 @@ def test_natural_pairs_are_the_reference_construction_on_the_split(tiny_store, s
         tiny_store, dates=small.data.input_dates, truths=10**6, clear_max_cover=small.data.clear_target_max_cover
     )
     assert len(pairs) == len(reference) > 0
-    for _location, truth, dates, slot in reference.items:
+    for _location, truth, dates, slot, _ in reference.items:
         assert truth not in dates and abs(dates[slot] - truth) == min(abs(d - truth) for d in dates)
     item = pairs[0]
     assert item["x"].shape[-1] == small.data.crop and item["target"].shape[-1] == small.data.crop

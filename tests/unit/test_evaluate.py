@@ -9,7 +9,7 @@ from vcloud.evaluation.scoring import score, table
 def test_reference_protocol_targets_the_least_cloudy_date(tiny_store):
     ds = ReferenceSamples(tiny_store, dates=2)
     reader = ds.reader
-    location, truth, dates, slot = ds.items[0]
+    location, truth, dates, slot, _ = ds.items[0]
     cover = np.nan_to_num(reader.cloud_cover[location], nan=1.0)
     assert truth == int(np.argmin(cover)) and truth not in dates
     assert abs(dates[slot] - truth) == min(abs(d - truth) for d in dates)  # reconstruct at the nearest date

@@ -240,6 +240,6 @@ def test_a_series_of_three_dates_feeds_a_model_of_four_input_dates(tiny_raw_mast
         assert cloudy[index]["x"].shape[0] == 4
     reference = reference_samples(store, small)
     assert len(reference) == 1
-    _, truth, dates, _ = reference.items[0]
+    _, truth, dates, _, _ = reference.items[0]
     assert truth == 0 and len(dates) == 4 and set(dates) <= {1, 2}
     assert reference[0]["x"].shape[0] == 4

@@ -120,17 +120,25 @@ def test_manifest_records_provenance_and_checksums(predicted):
             assert sha256_file(out / record["path"]) == record["sha256"]
 
 
-def test_default_dates_are_the_cloudy_ones_with_the_least_cloudy_dates_as_inputs(tiny_store):
+def test_default_dates_are_the_cloudy_ones_with_the_clearest_dates_of_the_window_as_inputs(tiny_store):
     from vcloud.apply.plan import plan_jobs, roi_names
+    from vcloud.data.series import COVER_STEP
     from vcloud.data.shards import ShardReader
 
     reader = ShardReader(tiny_store)
-    jobs = plan_jobs(reader, rois=roi_names(reader), input_dates=3, min_cover=0.05)
+    jobs = plan_jobs(reader, rois=roi_names(reader), input_dates=3, min_cover=0.05, window_days=60)
     cover = np.nan_to_num(reader.cloud_cover, nan=1.0)
+    days = reader.date_s2.astype("datetime64[D]").astype(np.int64)
     assert {(j.location, j.time) for j in jobs} == {tuple(x) for x in np.argwhere(reader.valid_s2 & (cover > 0.05))}
     for job in jobs:
         assert len(job.inputs) == 3 and job.inputs[job.slot] == job.time and list(job.inputs) == sorted(job.inputs)
         others = [t for t in job.inputs if t != job.time]
         usable = [t for t in np.flatnonzero(reader.valid_s2[job.location]) if t != job.time]  # S1 or not
-        best = sorted(cover[job.location, usable])[: len(others)]
-        assert sorted(cover[job.location, others]) == best  # the least cloudy other dates
+        near = [t for t in usable if abs(days[job.location, t] - days[job.location, job.time]) <= 60]
+        if job.fallback is None:  # the least cloudy dates of the +-60-day window, in cover steps
+            assert set(others) <= set(near)
+            step = np.floor(cover[job.location] / COVER_STEP)
+            rest = [t for t in near if t not in others]
+            assert not rest or max(step[others]) <= min(step[rest])
+        else:  # the window held fewer than 2 other dates: every one of them is taken
+            assert job.fallback in ("beyond_window", "repeated") and set(near) <= set(others)

@@ -4,7 +4,7 @@ import torch
 
 from vcloud.constants import CLOUD_CHANNEL, CLOUD_CLASSES, S1_CHANNELS, S1_VALID_CHANNEL, S2_CHANNELS, SAMPLE_CHANNELS
 from vcloud.data import cloudsim
-from vcloud.data.samples import ClearImages, CloudySamples, EpochSampler, UnlabelledSamples, _pick_dates
+from vcloud.data.samples import ClearImages, CloudySamples, EpochSampler, UnlabelledSamples
 
 
 @pytest.mark.parametrize(
@@ -42,13 +42,6 @@ def test_epoch_sampler_shards_equally_and_resumes_mid_epoch():
         s.set_epoch(0)
     assert [len(s) for s in shards] == [4, 4, 4]  # equal steps on every rank
     assert set().union(*map(set, shards)) == set(range(10))
-
-
-def test_pick_dates_keeps_the_target_in_time_order():
-    rng = np.random.default_rng(0)
-    usable = np.array([True, False, True, True, True, True])
-    dates, target_index = _pick_dates(rng, usable, 3, 4)
-    assert dates == sorted(dates) and dates[target_index] == 3 and 1 not in dates
 
 
 def test_samples_are_a_function_of_the_index(tiny_store):
@@ -122,7 +115,7 @@ def _old_cloudy_item(ds: CloudySamples, index: int) -> dict:
     """CloudySamples.__getitem__ as it was before the raw path (legacy zarr reader, numpy), with
     the per-date S1 validity every sample now carries."""
     from vcloud.data.reader import StoreReader as LegacyReader
-    from vcloud.data.samples import detected_probability, stack_sample
+    from vcloud.data.samples import context_record, detected_probability, stack_sample
     from vcloud.data.store import CLOUD_PROB_SCALE
 
     reader = LegacyReader(ds.reader.path)
@@ -144,6 +137,7 @@ def _old_cloudy_item(ds: CloudySamples, index: int) -> dict:
     item["target"] = torch.from_numpy(np.ascontiguousarray(truth))
     item["cloud_class"] = torch.tensor(CLOUD_CLASSES.index(kind))
     item["location"] = torch.tensor(location)
+    item.update(context_record(target_t, dates, ds.fallback(location, target_t)))  # what it recorded since
     return item
 
 

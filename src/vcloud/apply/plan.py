@@ -2,9 +2,11 @@
 
 Target dates: every date with an S2 image whose cloud cover exceeds `min_cover` (default), or
 the dates given (each must be a date of the store; it is reconstructed at every location that
-has an S2 image on it). Inputs: the target plus the T-1 other dates with an S2 image (with or
-without S1, as the samplers count them: data/samples.py) that are least cloudy, nearer dates
-first on a tie; fewer than T-1 such dates are repeated, as the training sampler does. Where a
+has an S2 image on it). Inputs: the target plus T-1 other dates with an S2 image (with or
+without S1, as the samplers count them: data/samples.py), chosen by the model's context policy
+(data.context, data/series.py: by default the least cloudy within +-30 days, nearer first among
+equals), exactly as in training and evaluation; the manifest records the dates and, where the
+policy could not be met, its fallback. Where a
 date (target or input) has no S1 its S1 is zeros (the missing-image value once normalised) and
 the batch carries `s1_valid` (B, T) and `target_s1_valid` (B,), as evaluation's batches do; the
 manifest says whether the target's S1 was present.
@@ -29,6 +31,7 @@ import numpy as np
 import torch
 
 from vcloud.data.samples import stack_sample
+from vcloud.data.series import choose_context
 from vcloud.data.shards import ShardReader
 from vcloud.data.store import CLOUD_PROB_SCALE, normalise_s1, normalise_s2
 from vcloud.errors import BadInputError, ConfigError
@@ -51,6 +54,7 @@ class Job:
     scene: int = -1  # index into scenes(); -1: the location is its own output
     window: tuple[int, int] = (0, 0)  # (row, column) of the patch in its scene
     last: bool = True  # the last patch of its output
+    fallback: str | None = None  # the context policy's fallback (data/series.py), None: the policy held
 
     def describe(self, reader: ShardReader) -> dict:
         """The manifest's record of what the output was made from."""
@@ -62,6 +66,7 @@ class Job:
             "time_index": self.time,
             "cloud_cover": round(self.cloud_cover, 4),
             "input_dates": dates,
+            "context_fallback": self.fallback,
             "s1": "missing: zeros (the store's missing-image value)" if self.s1_missing else "present",
         }
         if self.scene >= 0:
@@ -151,9 +156,19 @@ def parse_dates(texts: list[str]) -> list[str]:
 
 
 def plan_jobs(
-    reader: ShardReader, *, rois: list[str], input_dates: int, min_cover: float, dates: list[str] | None = None
+    reader: ShardReader,
+    *,
+    rois: list[str],
+    input_dates: int,
+    min_cover: float,
+    dates: list[str] | None = None,
+    policy: str = "clearest",
+    window_days: int = 30,
 ) -> list[Job]:
-    """Every output to make, in store order; BadInputError naming a --dates value not in the store."""
+    """Every output to make, in store order; BadInputError naming a --dates value not in the store.
+
+    Each output's input dates follow the model's context policy (data.context; data/series.py),
+    on the scene's dates and its mean cloud cover: what the model was trained and scored on."""
     valid_s2 = reader.valid_s2  # targets and inputs alike: S2-only dates are data (S1 zeroed, s1_valid False)
     cover = np.nan_to_num(reader.cloud_cover, nan=1.0)
     stored = np.array(
@@ -177,10 +192,10 @@ def plan_jobs(
         scene_cover = cover[locs].mean(axis=0)
         wanted = targets[locs].any(axis=0) & valid
         for t in np.flatnonzero(wanted).tolist():
-            others = [o for o in np.flatnonzero(valid).tolist() if o != t]
-            others.sort(key=lambda o: (scene_cover[o], abs(days[first, o] - days[first, t]), o))
-            chosen = (others * input_dates)[: input_dates - 1] if others else [t] * (input_dates - 1)
-            inputs = sorted([t, *chosen])
+            chosen = choose_context(
+                days[first], scene_cover, valid, t, input_dates, policy=policy, window_days=window_days
+            )
+            inputs = list(chosen.dates)
             name = f"{scene.name}_{stored[first, t]}"
             if name in names:  # two images of one location on one day: keep both, apart
                 name = f"{name}_t{t}"
@@ -195,7 +210,8 @@ def plan_jobs(
                         time=t,
                         date=stored[first, t],
                         inputs=tuple(inputs),
-                        slot=inputs.index(t),
+                        slot=chosen.slot,
+                        fallback=chosen.fallback,
                         cloud_cover=float(np.mean(reader.cloud_cover[locs, t])),
                         s1_missing=not bool(reader.valid_s1[locs, t].all()),
                         scene=number if scene.cut else -1,

@@ -122,7 +122,14 @@ def predict(
         wind = load_wind_orders(cfg, store=reader, wind_cache=wind_cache, world_size=1, command=label)
     wind_sha = checksum(Path(wind_cache), "wind cache") if wind is not None and wind_cache is not None else None
     wanted = parse_dates(dates) if dates else None
-    jobs = plan_jobs(reader, rois=rois, input_dates=cfg.data.input_dates, min_cover=min_cover, dates=wanted)
+    jobs = plan_jobs(
+        reader,
+        rois=rois,
+        input_dates=cfg.data.input_dates,
+        min_cover=min_cover,
+        dates=wanted,
+        **cfg.data.context.sampler_kwargs(),
+    )
     predictor = build_predictor(stage, cfg, needed, wind)  # another stage's checkpoint: one line
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     predictor.model.to(dev)

@@ -19,6 +19,28 @@ from vcloud.errors import ConfigError
 
 
 @dataclass(frozen=True)
+class ContextConfig:
+    """Which other dates a sample takes (data/series.py): one policy for training, our protocols
+    and `vcloud predict` (the published protocols keep their own)."""
+
+    # nearest: the dates nearest in days; clearest: the least cloudy within +-window_days, nearer
+    # first among equals (the nearest beyond the window fill what it lacks); random: drawn from the
+    # whole series (training only; how models were trained before this setting existed).
+    policy: Literal["nearest", "clearest", "random"] = "clearest"
+    window_days: int = 30  # clearest: the window around the target date, in days (>= 1)
+
+    def sampler_kwargs(self) -> dict:
+        """The samplers' keywords (data/samples.py, evaluation/protocols.py, apply/plan.py)."""
+        return {"policy": self.policy, "window_days": self.window_days}
+
+    def __post_init__(self) -> None:
+        if self.window_days < 1:
+            raise ValueError(
+                f"window_days: {self.window_days} must be at least 1 (a window of zero days holds no date)"
+            )
+
+
+@dataclass(frozen=True)
 class DataConfig:
     """How training samples are drawn from a prepared store."""
 
@@ -44,6 +66,8 @@ class DataConfig:
     # Level-1C bands of SEN12MS-CR-TS; l2a: 12, no B10; 10m_20m: 10) or a list of band names. A
     # store of other bands is refused (prepare it with `vcloud prepare --bands`).
     bands: str | tuple[str, ...] = "l1c"
+    # The other dates of every sample (ContextConfig): the same in training, evaluation and predict.
+    context: ContextConfig = ContextConfig()
 
     def __post_init__(self) -> None:
         from vcloud.bands import resolve_bands
@@ -250,12 +274,20 @@ class EvaluationConfig:
     # Protocol reference: ground truths per location, evenly spaced among its clear dates (1: the
     # least-cloudy date only, as the reference loader; the small config takes 6: 57 test and 19
     # validation samples of natural clouds from its 12 + 4 locations).
-    reference_truths: int = 1
+    # all: every clear date (a store of your own imagery always takes every clear date).
+    reference_truths: int | Literal["all"] = 1
     nearest_clear_max_cover: float = 0.05  # nearest-clear-date baseline: a date is clear at most this cover
+    # The series baselines of our protocols (evaluation/series_baselines.py): the clear-pixel median
+    # and the least cloudy date within +-this many days of the reconstructed date. 30: the best window
+    # of the clear-pixel median on the shared real series (../shared/GAPFILL.md: +-15/30/60/120 days
+    # 27.41/28.49/27.36/25.65 dB).
+    series_window_days: int = 30
 
     def __post_init__(self) -> None:
-        if self.reference_truths < 1:
+        if self.reference_truths != "all" and self.reference_truths < 1:
             raise ValueError(f"reference_truths: {self.reference_truths} must be >= 1")
+        if self.series_window_days < 1:
+            raise ValueError(f"series_window_days: {self.series_window_days} must be at least 1")
         if not 0.0 <= self.nearest_clear_max_cover <= 1.0:
             raise ValueError(f"nearest_clear_max_cover: {self.nearest_clear_max_cover} is outside 0..1")
 

@@ -70,6 +70,7 @@ from vcloud.data import cloudsim
 from vcloud.data.cloud_trees import detected_levels
 from vcloud.data.clouds import cloud_probability
 from vcloud.data.masks import store_mask_source
+from vcloud.data.series import FALLBACKS, choose_context
 from vcloud.data.shards import ShardReader as StoreReader
 from vcloud.data.shards import as_reader
 from vcloud.data.store import CLOUD_PROB_SCALE, normalise_s1, normalise_s2
@@ -139,12 +140,37 @@ def no_target_reason(reader: StoreReader, usable: np.ndarray, clear_max_cover: f
 
 
 class _StoreSamples(Dataset):
-    def __init__(self, store: Path, *, length: int, seed: int, crop: int | None, raw: bool = False):
+    def __init__(
+        self,
+        store: Path,
+        *,
+        length: int,
+        seed: int,
+        crop: int | None,
+        raw: bool = False,
+        policy: str = "clearest",
+        window_days: int = 30,
+    ):
         self.reader = as_reader(store)
         self.length = length
         self.seed = seed
         self.crop = crop
         self.raw = raw
+        self.policy, self.window_days = policy, window_days
+
+    def context(self, rng, usable_row: np.ndarray, location: int, target_t: int, count: int):
+        """The sample's dates under the context policy (data/series.py): a series.Context."""
+        days = self.reader.date_s2[location].astype("datetime64[D]").astype(np.int64)
+        return choose_context(
+            days,
+            self.reader.cloud_cover[location],
+            usable_row,
+            target_t,
+            count,
+            policy=self.policy,
+            window_days=self.window_days,
+            rng=rng,
+        )
 
     def __len__(self) -> int:
         return self.length
@@ -207,6 +233,8 @@ class CloudySamples(_StoreSamples):
         detect: str = "worker",
         clear_share: float = 0.0,
         s1_dropout: float = 0.0,
+        policy: str = "clearest",
+        window_days: int = 30,
     ):
         """clear_share (training, kinds None): the share of samples whose target date gets no
         synthetic cloud (kind "clear"); 0 draws exactly the samples it drew before it existed.
@@ -247,7 +275,15 @@ class CloudySamples(_StoreSamples):
         if kinds is not None:  # every (target, kind) pair once, in a seeded order
             pairs = len(self.targets) * len(kinds)
             self.pair_order = np.random.default_rng((seed, 11)).permutation(pairs)
-        super().__init__(reader, length=length or len(self.targets) * len(kinds or (0,)), seed=seed, crop=crop, raw=raw)
+        super().__init__(
+            reader,
+            length=length or len(self.targets) * len(kinds or (0,)),
+            seed=seed,
+            crop=crop,
+            raw=raw,
+            policy=policy,
+            window_days=window_days,
+        )
 
     def kinds_at(self, epoch: int) -> tuple[str, ...]:
         if self.kinds is not None:
@@ -266,7 +302,8 @@ class CloudySamples(_StoreSamples):
         else:
             pair = int(self.pair_order[int(index) % len(self.pair_order)])
             location, target_t = (int(v) for v in self.targets[pair // len(self.kinds)])
-        dates, target_index = _pick_dates(rng, self.usable[location], target_t, self.dates)
+        chosen = self.context(rng, self.usable[location], location, target_t, self.dates)
+        dates, target_index = list(chosen.dates), chosen.slot
         if self.kinds is None:
             kind = str(rng.choice(self.kinds_at(epoch)))
             if self.clear_share and rng.random() < self.clear_share:
@@ -361,13 +398,31 @@ class CloudySamples(_StoreSamples):
         item["wind"] = torch.from_numpy(self.reader.wind[location, target_t])
         item["cloud_class"] = torch.tensor(CLOUD_CLASSES.index(kind))
         item["location"] = torch.tensor(location)
+        item.update(context_record(target_t, dates, self.fallback(location, target_t)))
         return item
+
+    def fallback(self, location: int, target_t: int) -> str | None:
+        """Why sample dates of this target are not what the policy asks (None: they are)."""
+        if self.policy == "random":
+            others = np.flatnonzero(self.usable[location])
+            return "repeated" if len(others[others != target_t]) < self.dates - 1 else None
+        return self.context(None, self.usable[location], location, target_t, self.dates).fallback
 
 
 class UnlabelledSamples(_StoreSamples):
     """Cloudy target dates of locations that have no clear date at all (stage 3)."""
 
-    def __init__(self, store, *, dates: int, seed=0, clear_max_cover=CLEAR_MAX_COVER, limit: int | None = None):
+    def __init__(
+        self,
+        store,
+        *,
+        dates: int,
+        seed=0,
+        clear_max_cover=CLEAR_MAX_COVER,
+        limit: int | None = None,
+        policy: str = "clearest",
+        window_days: int = 30,
+    ):
         reader = as_reader(store)
         usable = _usable(reader)
         left_out(reader, usable, sampler="unlabelled samples")
@@ -379,12 +434,13 @@ class UnlabelledSamples(_StoreSamples):
         self.candidates = candidates
         self.usable = usable
         self.dates = dates
-        super().__init__(reader, length=len(candidates), seed=seed, crop=None)
+        super().__init__(reader, length=len(candidates), seed=seed, crop=None, policy=policy, window_days=window_days)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         rng, _ = self._rng(index)
         location, target_t = (int(v) for v in self.candidates[int(index) % len(self.candidates)])
-        dates, target_index = _pick_dates(rng, self.usable[location], target_t, self.dates)
+        chosen = self.context(rng, self.usable[location], location, target_t, self.dates)
+        dates, target_index = list(chosen.dates), chosen.slot
         sample = self.reader.read(location, dates)
         prob = np.nan_to_num(sample.cloud_prob, nan=1.0)
         item = stack_sample(
@@ -393,7 +449,7 @@ class UnlabelledSamples(_StoreSamples):
         item["wind"] = torch.from_numpy(self.reader.wind[location, target_t])
         item["visible"] = torch.from_numpy(prob[target_index] < S2CLOUDLESS_KWARGS["threshold"])
         item["location"] = torch.tensor(location)
-        item["date"] = torch.tensor(target_t)
+        item.update(context_record(target_t, dates, chosen.fallback))
         return item
 
 
@@ -410,17 +466,14 @@ def detected_probability(s2: np.ndarray, *, num_threads: int = 1) -> np.ndarray:
     return np.round(np.clip(prob, 0.0, 1.0) * CLOUD_PROB_SCALE).astype(np.uint8)
 
 
-def _pick_dates(rng, usable_row: np.ndarray, target_t: int, count: int) -> tuple[list[int], int]:
-    """`count` dates in time order including the target; others drawn from usable dates, with
-    replacement (dates repeat) when fewer than count - 1 are usable; only the target when none is."""
-    others = np.flatnonzero(usable_row)
-    others = others[others != target_t]
-    if len(others) == 0:
-        others = np.array([target_t])
-    replace = len(others) < count - 1
-    chosen = rng.choice(others, size=count - 1, replace=replace)
-    dates = sorted([target_t, *chosen.tolist()])
-    return dates, dates.index(target_t)
+def context_record(target_t: int, dates: list[int], fallback: str | None) -> dict[str, torch.Tensor]:
+    """What a sample records of its dates: the target's time index `date`, every input's `dates`
+    (T,) and `fallback`, the index of the context policy's fallback in series.FALLBACKS (-1: none)."""
+    return {
+        "date": torch.tensor(int(target_t)),
+        "dates": torch.tensor([int(d) for d in dates]),
+        "fallback": torch.tensor(FALLBACKS.index(fallback) if fallback else -1),
+    }
 
 
 def stack_sample(s2, s1, prob, dates_s2, target_index, *, s1_valid) -> dict[str, torch.Tensor]:

@@ -39,6 +39,7 @@ from vcloud.errors import BadInputError
 from vcloud.evaluation.predict import build_predictor
 from vcloud.evaluation.protocols import EVAL_SEED, fixed_samples, reference_samples
 from vcloud.evaluation.scoring import score, table
+from vcloud.evaluation.series_baselines import WithSeries
 from vcloud.evaluation.uncrtaints import UncrtaintsSamples
 from vcloud.io import atomic_write_json
 from vcloud.pipeline import EVAL_KINDS
@@ -76,9 +77,16 @@ def evaluate(
     uncrtaints = uncrtaints_samples(reader, cfg, pairs=uncrtaints_pairs)  # a bad pairing file fails first
     fixed_set = fixed_samples(reader, cfg, samples=samples, detected=fixed_protocol)  # and a bad detection file
     predict = build_predictor(stage, cfg, needed, wind)
-    samples_of = WithoutS1 if without_s1 else (lambda dataset: dataset)
     threshold = {"nearest_clear_max_cover": cfg.evaluation.nearest_clear_max_cover}
+    series = {"window_days": cfg.evaluation.series_window_days, "clear_max_cover": threshold["nearest_clear_max_cover"]}
+
+    def samples_of(dataset, *, ours: bool = False):
+        """The protocol's samples as scored: S1 removed (--without-s1), the series baselines on ours."""
+        dataset = WithoutS1(dataset) if without_s1 else dataset
+        return WithSeries(dataset, **series) if ours else dataset
+
     dates = cfg.data.input_dates
+    context = {"context": cfg.data.context.sampler_kwargs(), "series_window_days": series["window_days"]}
     fixed = {
         "protocol": "fixed",
         "dates": dates,
@@ -86,17 +94,20 @@ def evaluate(
         "cloud_kinds": list(EVAL_KINDS),
         "clear_max_cover": cfg.data.clear_target_max_cover,
         "seed": EVAL_SEED,
+        **context,
     }
+    reference = reference_samples(reader, cfg)
     protocols = {
-        "fixed": {"protocol": fixed, **score(samples_of(fixed_set), predict, **threshold)},
+        "fixed": {"protocol": fixed, **score(samples_of(fixed_set, ours=True), predict, **threshold)},
         "reference": {
             "protocol": {
                 "protocol": "reference",
                 "dates": dates,
                 "region": "all",
-                "truths_per_location": cfg.evaluation.reference_truths,
+                "truths_per_location": "all" if reference.every_clear_date else cfg.evaluation.reference_truths,
+                **context,
             },
-            **score(samples_of(reference_samples(reader, cfg)), predict, **threshold),
+            **score(samples_of(reference, ours=True), predict, **threshold),
         },
     }
     if isinstance(uncrtaints, UncrtaintsSamples):

@@ -146,6 +146,7 @@ def fixed_samples(
         seed=EVAL_SEED,
         clear_max_cover=cfg.data.clear_target_max_cover,
         kinds=EVAL_KINDS,
+        **cfg.data.context.sampler_kwargs(),
     )
     if detected is not None:
         detections = load_fixed_protocol(detected, dataset, clear_max_cover=cfg.data.clear_target_max_cover)

@@ -8,17 +8,24 @@ The differences are computed from the per-sample values as the report stores the
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from vcloud.constants import CLOUD_CLASSES, S2CLOUDLESS_KWARGS
+from vcloud.data.series import FALLBACKS
 from vcloud.evaluation.baselines import least_cloudy, median_mosaic
 from vcloud.evaluation.metrics import METRICS, compute_all
 from vcloud.evaluation.nearest_clear import nearest_clear
-from vcloud.evaluation.stats import paired_report
+from vcloud.evaluation.series_baselines import NAMES as SERIES_NAMES
+from vcloud.evaluation.stats import headline_difference, paired_report
 
-BASELINES = ("least_cloudy_date", "median_mosaic", "nearest_clear_date")
+# Of the model's own inputs (the published protocols' baselines), then of the whole series the
+# protocol lets a method see (evaluation/series_baselines.py; our protocols).
+INPUT_BASELINES = ("least_cloudy_date", "median_mosaic", "nearest_clear_date")
+BASELINES = (*INPUT_BASELINES, *SERIES_NAMES)
 METHODS = ("model", *BASELINES)
 DIGITS = {"psnr": 2, "ssim": 3, "sam": 2, "mae": 4, "rmse": 4}  # how tables print each metric
 
@@ -34,11 +41,18 @@ def score(dataset: Dataset, predict, *, nearest_clear_max_cover: float = 0.05) -
         ),
     }
     per_sample: dict[str, dict[str, list]] = {name: {m: [] for m in METRICS} for name in methods}
-    classes, locations = [], []
+    classes, locations, dates, fallbacks = [], [], [], []
     seen_error, seen_pixels = 0.0, 0  # the model's |error| summed over the date's seen pixels
     for batch in DataLoader(dataset, batch_size=4):
         classes += batch["cloud_class"].tolist()
         locations += batch["location"].tolist()
+        if "dates" in batch:  # the context policy's record (data/samples.py context_record)
+            dates += batch["dates"].tolist()
+            fallbacks += [FALLBACKS[f] if f >= 0 else None for f in batch["fallback"].tolist()]
+        if "series" in batch:  # the series composites (evaluation/series_baselines.py)
+            for k, name in enumerate(SERIES_NAMES):
+                methods.setdefault(name, lambda b, k=k: b["series"][:, k])
+                per_sample.setdefault(name, {m: [] for m in METRICS})
         for name, method in methods.items():
             prediction = method(batch).float().clamp(0, 1)
             values = compute_all(prediction, batch["target"].float())
@@ -49,6 +63,12 @@ def score(dataset: Dataset, predict, *, nearest_clear_max_cover: float = 0.05) -
                 seen_error += float((prediction - batch["target"].float()).abs()[seen].double().sum())
                 seen_pixels += int(seen.sum())
     result: dict = {"samples": len(classes), "cloud_class": [class_name(c) for c in classes], "location": locations}
+    if dates:  # every sample's input dates (time indices) and why they are not the policy's, if not
+        result["context"] = {
+            "dates": dates,
+            "fallback": fallbacks,
+            "fallbacks": dict(Counter(f for f in fallbacks if f)),
+        }
     for name, values in per_sample.items():
         arrays = {m: np.asarray(v) for m, v in values.items()}
         by_class = {}
@@ -68,8 +88,41 @@ def score(dataset: Dataset, predict, *, nearest_clear_max_cover: float = 0.05) -
     result["model"]["seen_mae"] = seen_error / seen_pixels if seen_pixels else None
     result["model"]["seen_values"] = seen_pixels
     # model - baseline per metric, overall and per cloud class: paired SE, location-clustered SE
-    result["paired"] = paired_report(result, method="model", others=BASELINES) if classes else {}
+    others = [name for name in BASELINES if name in result]
+    result["paired"] = paired_report(result, method="model", others=others) if classes else {}
+    result["strongest"] = strongest(result, others) if classes else None
     return result
+
+
+def strongest(result: dict, baselines: list[str], *, level: float = 0.95) -> dict:
+    """The model against the strongest baseline of a scored protocol (the highest mean PSNR on these
+    samples, chosen after the fact: the hardest comparison for the model): the paired difference,
+    its interval at `level` (t, clustered by location), the samples the model wins, and whether
+    the interval lies above zero."""
+    best = max(baselines, key=lambda name: result[name]["mean"]["psnr"])
+    a, b = result["model"]["per_sample"]["psnr"], result[best]["per_sample"]["psnr"]
+    paired = headline_difference(a, b, groups=result["location"], level=level)
+    return {"baseline": best, **paired}
+
+
+def headline(result: dict) -> str | None:
+    """One line: the model against the strongest simple answer, said plainly."""
+    best = result.get("strongest")
+    if not best:
+        return None
+    low, high = best["ci"] if best["ci"] else (None, None)
+    interval = f"[{low:+.2f}, {high:+.2f}]" if low is not None else "[no interval: one location]"
+    verdict = (
+        "beats it"
+        if low is not None and low > 0
+        else "loses to it"
+        if high is not None and high < 0
+        else "does not beat it (the interval holds zero)"
+    )
+    return (
+        f"model - {best['baseline']} (the strongest simple answer): {best['difference']:+.2f} dB PSNR "
+        f"{interval} at {best['ci_level']:.0%}, wins {best['wins']} of {best['samples']}: the model {verdict}"
+    )
 
 
 def class_name(index: int) -> str:
@@ -168,9 +221,11 @@ def markdown(header: list[str], rows: list[list[str]], *, left: int) -> str:
 def table(report: dict) -> str:
     """The report as Markdown: each protocol's setup, the means (protocol x method) and the
     paired differences model - baseline (mean ± paired SE, per cloud class)."""
+    lines = [f"- {name}: {headline(result)}" for name, result in report["protocols"].items() if headline(result)]
     setups = [f"- {describe(result)}" for result in report["protocols"].values()]
     return "\n\n".join(
         [
+            *(["Against the strongest simple answer:\n" + "\n".join(lines)] if lines else []),
             "\n".join(setups),
             markdown(MEAN_HEADER, mean_rows(report), left=2),
             markdown(DIFFERENCE_HEADER, difference_rows(report), left=3),

@@ -169,5 +169,23 @@ def seeded_difference(
     return out
 
 
+def headline_difference(a: Sequence[float], b: Sequence[float], *, groups: Sequence, level: float = 0.95) -> dict:
+    """a - b on the same samples as a report opens with it: the paired difference, its t interval at
+    `level` from the location-clustered standard error (G - 1 degrees of freedom; the sample one,
+    n - 1, when the samples come from one location), and the samples a wins (a > b)."""
+    from scipy.stats import t as student_t
+
+    out = paired_difference(a, b, groups=groups)
+    se, dof = out.get("se_location"), (out.get("locations") or 0) - 1
+    if se is None:
+        se, dof = out["se"], out["samples"] - 1
+    out["wins"] = int(np.sum(np.asarray(a, np.float64) > np.asarray(b, np.float64)))
+    out.update(ci=None, ci_level=level, ci_se=se)
+    if se is not None and dof >= 1:
+        half = float(student_t.ppf(0.5 + level / 2.0, dof)) * se
+        out["ci"] = [out["difference"] - half, out["difference"] + half]
+    return out
+
+
 def _mean(values: np.ndarray) -> float | None:
     return float(values.mean()) if len(values) else None

@@ -46,11 +46,11 @@ from vcloud.data.samples import (
     CloudySamples,
     EpochConcat,
     UnlabelledSamples,
-    _pick_dates,
     crop_item,
     finish_batch,
     stack_sample,
 )
+from vcloud.data.series import choose_context
 from vcloud.data.shards import ShardReader as StoreReader
 from vcloud.errors import BadInputError
 from vcloud.evaluation.metrics import compute_all
@@ -120,6 +120,7 @@ def _cloudy(
             detect=detect,
             clear_share=clear_share,
             s1_dropout=d.s1_dropout,
+            **d.context.sampler_kwargs(),
         )
     return CloudySamples(
         store,
@@ -131,6 +132,7 @@ def _cloudy(
         kinds=EVAL_KINDS,
         raw=raw,
         detect=detect,
+        **d.context.sampler_kwargs(),
     )
 
 
@@ -317,6 +319,7 @@ def stage2(
         kinds=EVAL_KINDS,
         raw=True,
         detect=detect_on(device),
+        **d.context.sampler_kwargs(),
     )
     scale, spectrum = fit_refiner_statistics(pipeline, scale_samples, device=device)
     pipeline.to("cpu")  # the trainer moves it where it trains
@@ -401,6 +404,7 @@ class NaturalClouds(Dataset):
         clear = usable & (cover < cfg.data.clear_target_max_cover) & self.cloudy.any(axis=1, keepdims=True)
         self.targets = np.argwhere(clear)
         self.usable, self.dates, self.crop = usable, cfg.data.input_dates, cfg.data.crop
+        self.context = cfg.data.context.sampler_kwargs()
         self.length, self.seed = (length if len(self.targets) else 0), seed
 
     def __len__(self) -> int:
@@ -411,7 +415,10 @@ class NaturalClouds(Dataset):
         rng = np.random.default_rng((self.seed, epoch, i, 3))
         location, target_t = (int(v) for v in self.targets[int(rng.integers(len(self.targets)))])
         cloud_t = int(rng.choice(np.flatnonzero(self.cloudy[location])))
-        dates, slot = _pick_dates(rng, self.usable[location], target_t, self.dates)
+        days = self.reader.date_s2[location].astype("datetime64[D]").astype(np.int64)
+        cover = self.reader.cloud_cover[location]
+        chosen = choose_context(days, cover, self.usable[location], target_t, self.dates, rng=rng, **self.context)
+        dates, slot = list(chosen.dates), chosen.slot
         sample = self.reader.read(location, [*dates, cloud_t])
         prob = np.nan_to_num(sample.cloud_prob, nan=1.0)
         s2, truth = sample.s2[:-1].copy(), sample.s2[slot].copy()
@@ -444,8 +451,9 @@ class NaturalPairs(Dataset):
         self.pairs = ReferenceSamples(
             store,
             dates=cfg.data.input_dates,
-            truths=StoreReader(store).shape[1],  # every clear date
+            truths=None,  # every clear date
             clear_max_cover=cfg.data.clear_target_max_cover,
+            **cfg.data.context.sampler_kwargs(),
         )
         self.length = len(self.pairs) if length is None else (length if len(self.pairs) else 0)
         self.crop, self.seed = cfg.data.crop, seed
@@ -587,6 +595,7 @@ def stage3(
         seed=cfg.stage3.train.seed,
         clear_max_cover=cfg.data.clear_target_max_cover,
         limit=st.max_pseudo_labels,
+        **cfg.data.context.sampler_kwargs(),
     )
     # The teacher (stage 1 + the stage-2 refiner) labels before the student takes a step.
     kept, scored = pseudo_label(teacher, unlabelled, cfg, device) if len(unlabelled) else ([], [])
