@@ -32,12 +32,18 @@ fill_defaults(config, f"{VCLOUD_ROOT}/workflow/schemas/config.schema.yaml")
 
 
 include: "workflow/rules/common.smk"
-include: "workflow/rules/paths.smk"
+include: "workflow/rules/sources.smk"
+include: "workflow/rules/runs.smk"
+include: "workflow/rules/outputs.smk"
+include: "workflow/rules/predict_inputs.smk"
+include: "workflow/rules/rehearsal_inputs.smk"
 include: "workflow/rules/cluster.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/wind.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/export.smk"
+include: "workflow/rules/report.smk"
 include: "workflow/rules/predict.smk"
 include: "workflow/rules/rehearsal.smk"
 

@@ -135,6 +135,35 @@ def tiny_store(tiny_raw_master, tmp_path_factory) -> Path:
     return out
 
 
+# A real Level-2A + SCL + S1 series as a user hands it over (../shared/realdata/README.md): read in
+# place beside the clone, never copied into the repository.
+REAL_LOCATION = Path(__file__).resolve().parents[2] / "shared/realdata/worldcereal/00002806639B424A"
+
+
+@pytest.fixture(scope="session")
+def real_location() -> Path:
+    """The shared real series (unavailable: skip, or fail under CI=true, naming the folder)."""
+    from tests.system import unavailable
+
+    if not (REAL_LOCATION / "S2").is_dir():
+        unavailable(f"needs the shared real series {REAL_LOCATION} (../shared/realdata beside the clone)")
+    return REAL_LOCATION
+
+
+@pytest.fixture(scope="session")
+def real_store(real_location, tmp_path_factory) -> Path:
+    """The real series prepared as `vcloud prepare` prepares a user's plain folder (10 bands, its SCL)."""
+    from vcloud.bands import resolve_bands
+    from vcloud.data.layout import RoiId
+    from vcloud.data.prepare import prepare_roi
+    from vcloud.data.s2files import S2Spec
+
+    out = tmp_path_factory.mktemp("real") / "location.zarr"
+    s2 = S2Spec(bands=resolve_bands("10m_20m", key="--bands"), level="L2A", boa_offset=0)
+    prepare_roi(raw=real_location, roi=RoiId("ROIs9000", 1), out=out, times=118, size=64, s2=s2)
+    return out
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny tensors: one thread is faster, and immune to a busy machine."""

@@ -19,7 +19,7 @@ class RunPaths:
     prepared: str
     results: str
     # Files this run reads from another run's folder, because that run makes them with the same
-    # identity (research runs, vcloud.workflow.run_paths): (key, that run's results folder), the
+    # identity (research runs, vcloud.config.identities.run_paths): (key, that run's results folder), the
     # keys "stage<n>" (training), "eval<n>" (evaluation), "fixed_protocol" and "wind".
     homes: tuple[tuple[str, str], ...] = ()
 

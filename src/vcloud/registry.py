@@ -47,7 +47,7 @@ class Stage:
     # then its best.pt is an input of this stage's training and its identity is in this hash.
     init_from: int | None = None
     # Results folder under paths.results (best.pt, latest.pt, metrics.jsonl); "": its name. Every
-    # path of it is made here (Stage.folder): paths.smk, the doctor, bench/ and the report follow.
+    # path of it is made here (Stage.folder): runs.smk, the doctor, bench/ and the report follow.
     folder: str = ""
     # What the stage makes, in words: the report's curves, bench/bench_stages.py's method names.
     label: str = ""
@@ -143,7 +143,7 @@ _BUILDERS = "vcloud.train.stages"
 _PREDICTORS = "vcloud.evaluation.predict"
 
 # Rules: train_stage0 train_stage1 train_stage2 train_stage3 (workflow/rules/train.smk) and
-# evaluate_stage0 evaluate_stage1 evaluate_stage2 evaluate_stage3 (workflow/rules/export.smk).
+# evaluate_stage0 evaluate_stage1 evaluate_stage2 evaluate_stage3 (workflow/rules/evaluate.smk).
 STAGES: tuple[Stage, ...] = (
     # stage 0: autoencoder of clear S2 images; scored on reconstructing the ground truth
     Stage(

@@ -1,9 +1,10 @@
 """What the workflow's rules files compute, as plain functions (the .smk files only wire).
 
-Paths and input functions live in workflow/rules/paths.smk and call these with the paths of
-this run; the cluster wiring (workflow/rules/cluster.smk) calls the resource and pre-flight
-helpers. Nothing here reads snakemake objects: every argument is a plain value, so each
-function is tested in tests/unit/test_workflow_logic.py without a workflow.
+Paths and input functions live in workflow/rules/runs.smk and outputs.smk (predict_inputs.smk
+and rehearsal_inputs.smk: those of predict, bundle and the rehearsal) and call these with the
+paths of each run; the cluster wiring (workflow/rules/cluster.smk) calls the resource and
+pre-flight helpers. Nothing here reads snakemake objects: every argument is a plain value, so
+each function is tested in tests/unit/test_workflow_logic.py without a workflow.
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ import shlex
 from collections.abc import Callable
 from pathlib import Path
 
-from vcloud.errors import ConfigError
+from vcloud.config.identities import (  # noqa: F401 (re-exported: the rules files call them through this module)
+    fixed_protocol_settings,
+    identities,
+    makers,
+    research_jobs,
+    run_paths,
+    wind_grid,
+)
 from vcloud.registry import STAGES, get_stage
 
 # --- stage inputs (the registry says which checkpoints) --------------------------------------
@@ -78,85 +86,6 @@ def viewer_comparison_flags(comparison: str | None, *, experiment: str, seed: in
     return f" --comparison {shlex.quote(str(comparison))} --run {run}"
 
 
-def fixed_protocol_settings(model_set) -> dict:
-    """The model settings the fixed protocol's samples (and so fixed_protocol's file) depend on."""
-    return {
-        "input_dates": model_set.data.input_dates,
-        "clear_target_max_cover": model_set.data.clear_target_max_cover,
-    }
-
-
-# --- research runs: what is made once and read by every run of the same identity ----------
-
-
-def identities(model_set, *, patch_size: int) -> dict[str, str]:
-    """What each shared file of a run depends on, by the key RunPaths.homes names it with: a
-    stage's training (its stage hash: data, its section with its seed, the identities of the
-    stages it builds on), a stage's evaluation (the identities of the stages its predictor reads
-    and the evaluation section), the fixed protocol's detection and the wind cache (their settings)."""
-    from vcloud.config import config_hash
-    from vcloud.config.stage_hash import stage_hash
-
-    found = {f"stage{stage.number}": stage_hash(model_set, stage.number) for stage in STAGES}
-    evaluation = config_hash(model_set.evaluation)
-    for stage in STAGES:
-        needs = [found[f"stage{n}"] for n in stage.predictor_needs]
-        found[f"eval{stage.number}"] = config_hash({"stages": needs, "evaluation": evaluation})
-    found["fixed_protocol"] = config_hash(fixed_protocol_settings(model_set))
-    cfdt = model_set.stage1.model
-    grid = wind_grid(patch_size, cfdt.widths)
-    found["wind"] = config_hash({"grid": list(grid), "sectors": cfdt.wind_sectors})
-    return found
-
-
-def run_paths(runs, *, prepared: str, results: str, patch_size: int) -> list:
-    """Each run's RunPaths: its own folder (results + run.prefix), and for every shared file an
-    earlier run (table order) already makes with the same identity, that run's folder (homes)."""
-    from vcloud.paths import RunPaths
-
-    first: dict[tuple[str, str], str] = {}
-    out = []
-    for run in runs:
-        own = f"{results}{run.prefix}"
-        homes = []
-        for key, identity in identities(run.model_set, patch_size=patch_size).items():
-            home = first.setdefault((key, identity), own)
-            if home != own:
-                homes.append((key, home))
-        out.append(RunPaths(prepared=prepared, results=own, homes=tuple(homes)))
-    return out
-
-
-def makers(runs, paths, key: str) -> list[str]:
-    """The prefixes of the runs that make the shared file `key` (read from no other run)."""
-    return [run.prefix for run, p in zip(runs, paths, strict=True) if key not in dict(p.homes)]
-
-
-def research_jobs(runs, paths) -> dict[str, tuple[int, str]]:
-    """rule -> (jobs, why) of the rules each research run has: a stage's training and evaluation
-    once per identity (the runs that make them), the fixed protocol and the wind cache once per
-    setting, the stage tables once per run. Read by the bill and the data budget."""
-    experiments = len({run.experiment for run in runs})
-    grid = f"{experiments} experiments x {len(runs) // max(experiments, 1)} seeds"
-    jobs = {}
-    # Evaluations and the fixed protocol's detection: on test and on val (where designs are chosen).
-    splits = {"train": 1, "evaluate": 2, "fixed_protocol": 2, "wind_cache": 1}
-    for stage in STAGES:
-        for rule, key in ((stage.train_rule, f"stage{stage.number}"), (stage.evaluate_rule, f"eval{stage.number}")):
-            count = len(makers(runs, paths, key))
-            shared = f", {len(runs) - count} read from a run of the same identity" if count < len(runs) else ""
-            on = ", on test and val" if rule == stage.evaluate_rule else ""
-            jobs[rule] = (count * splits[rule.split("_")[0]], f"{grid}{shared}{on}")
-    for rule, key in (("fixed_protocol", "fixed_protocol"), ("wind_cache", "wind")):
-        count = len(makers(runs, paths, key))
-        on = ", on test and val" if rule == "fixed_protocol" else ""
-        jobs[rule] = (count * splits[rule], f"one per setting among {grid}{on}")
-    if not any(run.model_set.stage1.model.wind_scan for run in runs):
-        jobs["wind_cache"] = (0, "stage1.model.wind_scan is off")
-    jobs["report_tables"] = (len(runs), grid)
-    return jobs
-
-
 def prefix_pattern(prefixes) -> str:
     """The wildcard constraint of `{run}` that matches exactly these run prefixes ("" included)."""
     prefixes = list(prefixes)
@@ -186,21 +115,13 @@ def stage_of_rule(rule: str):
     return None
 
 
-def wind_grid(patch_size: int, widths) -> tuple[int, int]:
-    """The CFDT's coarsest token grid for whole patches (patch_size / 2**(levels-1) a side)."""
-    scale = 2 ** (len(widths) - 1)
-    if patch_size % scale:
-        raise ConfigError(f"data.patch_size: {patch_size} is not a multiple of {scale} (the CFDT's downsampling)")
-    return patch_size // scale, patch_size // scale
-
-
 # --- resources and pre-flight --------------------------------------------------------------
 
 
 def resources_json(rules, rule_resources: Callable, cluster) -> str:
     """Each rule's resources as its jobs get them and what the cluster bills for them per hour,
     as one JSON string for `vcloud accounting --resources`."""
-    from vcloud.runtime.lumi import billing
+    from vcloud.runtime.billing import billing
 
     out = {}
     for rule in rules:

@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from tests.system import require
-from vcloud.runtime.lumi import Cluster
+from vcloud.runtime.cluster import Cluster
 from vcloud.runtime.profile import load_workflow_config
 
 REPO = Path(__file__).resolve().parents[2]

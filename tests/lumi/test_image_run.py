@@ -21,7 +21,7 @@ from tests.lumi.helpers import (
     write_stand_in_image,
 )
 from vcloud.runtime import image_run
-from vcloud.runtime.lumi import Cluster
+from vcloud.runtime.cluster import Cluster
 from vcloud.runtime.profile import load_workflow_config
 
 pytestmark = pytest.mark.container

@@ -4,7 +4,7 @@ hands to the site variants of the test cluster (tests/slurm/cluster-up.sh --vari
 
 The sbatch options come from the installed plugin's own functions (submit_string.get_submit_command,
 utils.set_gres_string, apply_mem_fudge for array jobs), fed with what vcloud gives a rule:
-workflow/rules/cluster.smk's resources (vcloud.runtime.lumi.slurm_resources), threads and the
+workflow/rules/cluster.smk's resources (vcloud.runtime.slurm.slurm_resources), threads and the
 site profile's executor settings (profiles/<site>/config.yaml: slurm-requeue, slurm-array-jobs).
 So a change of the plugin's flags shows here as it would on the site. The step line is
 launch_prefix's srun, its container command replaced by a probe, run in the environment the
@@ -20,9 +20,10 @@ from types import SimpleNamespace
 
 import yaml
 
-from vcloud.runtime.lumi import Cluster, RuleResources, launch_prefix, self_launched, slurm_resources
+from vcloud.runtime.cluster import Cluster, RuleResources
 from vcloud.runtime.profile import load_workflow_config
 from vcloud.runtime.site import load_site
+from vcloud.runtime.slurm import launch_prefix, self_launched, slurm_resources
 
 REPO = Path(__file__).resolve().parents[2]
 

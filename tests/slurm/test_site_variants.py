@@ -30,7 +30,8 @@ import pytest
 
 from tests.slurm.sbatch_lines import REPO, SiteJob, job_of, site_config, site_jobs, step_script
 from tests.system import unavailable
-from vcloud.runtime.lumi import Cluster, RuleResources, billing
+from vcloud.runtime.billing import billing
+from vcloud.runtime.cluster import Cluster, RuleResources
 from vcloud.runtime.site import load_site, site_names
 from vcloud.runtime.site_checks import check_qos
 

@@ -223,7 +223,8 @@ def test_the_rehearsal_resumes_after_the_forced_warning_and_passes(slurm_run):
 def test_two_task_srun_ddp_through_the_multinode_launch_line(slurm_run, tmp_path):
     """The multi-node path (srun + singularity exec, rank 0's host from squeue) on one node:
     two gloo ranks train stage 0 and agree on rank, world size and rank 0's address."""
-    from vcloud.runtime.lumi import RuleResources, multinode_prefix
+    from vcloud.runtime.cluster import RuleResources
+    from vcloud.runtime.slurm import multinode_prefix
 
     work, _ = slurm_run
     overlay, cluster = write_overlay(tmp_path, binds=[str(tmp_path), str(work), str(REPO)])

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from vcloud.config import load_model_config
+from vcloud.runtime.cluster import Cluster
 from vcloud.runtime.doctor import preflight
-from vcloud.runtime.lumi import Cluster
 from vcloud.runtime.profile import load_workflow_config
 
 REPO = Path(__file__).resolve().parents[2]

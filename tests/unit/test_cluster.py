@@ -1,7 +1,9 @@
-"""LUMI execution: rule resources, launch lines, the generated profile, runtime environment."""
+"""The cluster model on LUMI: rule resources, SLURM requests and launch lines, the generated profile,
+the runtime environment (vcloud.runtime.cluster, vcloud.runtime.slurm)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -15,16 +17,10 @@ import pytest
 from tests.lumi.helpers import require_stand_in, write_stand_in_image
 from vcloud import environment as runtime_env
 from vcloud.errors import ConfigError
-from vcloud.runtime.lumi import (
-    LUMI_CPU_MASKS,
-    Cluster,
-    RuleResources,
-    launch_prefix,
-    multinode_prefix,
-    slurm_resources,
-    uses_container,
-)
+from vcloud.runtime.cluster import Cluster, RuleResources
 from vcloud.runtime.profile import load_workflow_config, render
+from vcloud.runtime.site import load_site
+from vcloud.runtime.slurm import launch_prefix, multinode_prefix, slurm_resources, uses_container
 
 REPO = Path(__file__).resolve().parents[2]
 LUMI_YAML = REPO / "config" / "lumi.yaml"
@@ -105,8 +101,10 @@ def test_one_node_several_gcds_uses_torchrun_standalone_once(lumi_config, cluste
 CCD_OF_GCD = (6, 7, 2, 3, 0, 1, 4, 5)
 
 
-def test_cpu_masks_give_each_gcd_the_seven_usable_cores_next_to_it():
-    cores = [{bit for bit in range(64) if int(mask, 16) >> bit & 1} for mask in LUMI_CPU_MASKS]
+def test_cpu_masks_give_each_gcd_the_seven_usable_cores_next_to_it(cluster):
+    """LUMI's masks are in its site file (config/sites/lumi.yaml), not in the code."""
+    assert cluster.cpu_masks == tuple(load_site("lumi", REPO)["cpu_masks"])
+    cores = [{bit for bit in range(64) if int(mask, 16) >> bit & 1} for mask in cluster.cpu_masks]
     assert cores == [set(range(8 * ccd + 1, 8 * ccd + 8)) for ccd in CCD_OF_GCD]
     assert sorted(set().union(*cores)) == [c for c in range(64) if c % 8]  # 56 usable, none shared
 
@@ -116,7 +114,7 @@ def test_multinode_line_geometry_masks_binds_image(lumi_config, cluster):
     srun = line.split("; ")[-1]
     assert srun.startswith("srun --nodes=2 --ntasks-per-node=8 --gpus-per-node=8 ")
     # Seed 003: GCD 0 next to cores 49-55 (fe000000000000), GCD 1 next to 57-63, ...
-    assert f"--cpu-bind=mask_cpu:{','.join(LUMI_CPU_MASKS)}" in srun
+    assert f"--cpu-bind=mask_cpu:{','.join(cluster.cpu_masks)}" in srun
     for path in (
         "/opt/cray",
         "/pfs",
@@ -350,7 +348,7 @@ def test_launch_wrapper_ignores_usr1_across_exec(tmp_path):
 
 
 def test_epoch_time_is_measured_from_metrics_and_retries_cover_it():
-    from vcloud.runtime.lumi import measured_epoch_minutes, retries_needed
+    from vcloud.runtime.cluster import measured_epoch_minutes, retries_needed
 
     rows = [json.dumps({"epoch": e, "wall_time": 1000.0 + 600 * e, "epoch_s": 500.0}) for e in range(4)]
     assert measured_epoch_minutes(rows + ['{"epoch": 4, "wall']) == 10.0  # torn last line ignored
@@ -418,3 +416,68 @@ def test_a_lumi_ai_factory_image_is_one_setting(lumi_config):
     assert env_image.probe_command(base=aif)[:3] == ["singularity", "exec", aif]
     steps = env_image.build_commands(base=aif, repo=REPO, build=Path("/tmp/b"), out=Path("/tmp/o.sqsh"))
     assert all(aif in step for step in steps[:-1])
+
+
+# --- the model carries no site's facts: each comes from the site's file ----------------------
+
+SITE_FACTS = (
+    "title",
+    "account_pattern",
+    "account_example",
+    "vendor",
+    "gpu_request",
+    "runner",
+    "transport",
+    "billing_formula",
+    "billing_unit",
+    "billing_source",
+)
+
+
+def test_the_sites_own_facts_have_no_default_in_the_model():
+    fields = {f.name: f for f in dataclasses.fields(Cluster)}
+    assert all(fields[name].default is dataclasses.MISSING for name in SITE_FACTS)
+    assert fields["cpu_masks"].default == () and fields["billing_slices"].default_factory() == {}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda c: c.pop("vendor"), "cluster.vendor: missing; the site's file says it (config/sites/lumi.yaml)"),
+        (lambda c: c["billing"].update(source=""), "cluster.billing.source: missing"),
+        (lambda c: c["billing"].pop("slices"), "cluster.billing.slices: the lumi formula needs the site's slice sizes"),
+    ],
+)
+def test_a_missing_site_fact_is_refused_in_one_line_naming_the_key(lumi_config, change, message):
+    config = copy.deepcopy(lumi_config)
+    change(config["cluster"])
+    with pytest.raises(ConfigError) as err:
+        Cluster.from_config(config)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_lumis_bill_comes_from_the_slices_of_its_site_file(lumi_config, cluster):
+    from vcloud.runtime.billing import billing, formula_text
+
+    slices = load_site("lumi", REPO)["billing"]["slices"]
+    assert cluster.billing_slices == slices and slices["cores_per_gcd"] == 8
+    train = RuleResources.from_config(lumi_config, "train_stage1")  # one GCD, 7 cores, 60 GB
+    assert billing(train, cluster.partitions["small-g"], cluster).per_hour == 0.5
+    assert billing(dataclasses.replace(train, gpus=8), cluster.partitions["standard-g"], cluster).per_hour == 4.0
+    assert formula_text(cluster) == (
+        "LUMI user guide, docs/runjobs/lumi_env/billing.md; GPU-h: 0.5 per GCD-hour on small-g/dev-g, "
+        "4 per node-hour on standard-g; core-h on small: max(cores, memory / 2 GB)"
+    )
+    doubled = dataclasses.replace(cluster, billing_slices={**slices, "cores_per_gcd": 4})  # another site's numbers
+    assert billing(dataclasses.replace(train, cpus_per_gpu=8), cluster.partitions["small-g"], doubled).per_hour == 1.0
+
+
+def test_a_site_without_cpu_masks_lets_slurm_place_each_ranks_cores():
+    config = load_workflow_config(REPO / "config" / "saga.yaml")
+    config["cluster"]["account"] = "nn1234k"
+    saga = Cluster.from_config(config)
+    assert saga.cpu_masks == ()
+    res = dataclasses.replace(RuleResources.from_config(config, "train_stage1"), nodes=2, gpus=4)
+    srun = launch_prefix(res, saga).split("; ")[-1]
+    assert f"--nodes=2 --ntasks-per-node=4 --gpus-per-node=4 --cpus-per-task={res.cpus_per_gpu} " in srun
+    assert "mask_cpu" not in srun

@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from vcloud.errors import ConfigError
+from vcloud.runtime.cluster import Cluster
 from vcloud.runtime.controller import JOB_NAME, configfiles, controller_job, leftovers, script
-from vcloud.runtime.lumi import Cluster
 from vcloud.runtime.profile import load_workflow_config
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,8 +13,8 @@ import pytest
 
 from tests.system import require
 from vcloud.config import load_model_config
+from vcloud.runtime.cluster import Cluster
 from vcloud.runtime.doctor import Report, bound_paths, check_memory, preflight
-from vcloud.runtime.lumi import Cluster
 from vcloud.runtime.profile import load_workflow_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,7 +53,7 @@ def run(config, model_set, *, args=None, pre=None, inputs=ALL_INPUTS, overrides=
 
 def lumi_gpu_hours(entry: dict, *, partition_full: bool, gpus_per_node: int = 8) -> float:
     """LUMI's billing (FIELD-FACTS.md, LUMI user guide billing.md), written out independently
-    of vcloud.runtime.lumi: GPU-hours of one job at its requested wall time."""
+    of vcloud.runtime.billing: GPU-hours of one job at its requested wall time."""
     hours = entry["runtime"] / 60
     nodes = entry.get("nodes", 1)
     if partition_full:
@@ -225,10 +225,10 @@ def test_cpu_requests_fill_the_memory_slices_they_pay_for(base):
 
 
 def test_local_rules_are_the_workflows(base):
-    """The bill leaves out exactly the rules export.smk runs on the login node."""
+    """The bill leaves out exactly the rules report.smk runs on the login node."""
     from vcloud.runtime.bill import LOCAL_RULES
 
-    text = (REPO / "workflow" / "rules" / "export.smk").read_text()
+    text = (REPO / "workflow" / "rules" / "report.smk").read_text()
     block = text[text.index("localrules:") :].split("\n\n")[0]
     assert {w.strip(" ,") for w in block.splitlines()[1:]} <= set(LOCAL_RULES)
 
@@ -276,7 +276,7 @@ def test_cpu_rules_are_billed_in_core_hours(base, model_set):
 
 
 def test_memory_follows_the_gcds(base):
-    from vcloud.runtime.lumi import RuleResources
+    from vcloud.runtime.cluster import RuleResources
 
     config = copy.deepcopy(base)
     per_gpu = config["resources"]["train_stage1"]["mem_mb_per_gpu"]
@@ -521,7 +521,8 @@ def test_missing_bind_source_is_named(tmp_path, base, model_set):
 
 
 def test_a_whole_node_goes_to_standard_g_with_one_task_per_gcd(base):
-    from vcloud.runtime.lumi import RuleResources, launch_prefix, slurm_resources
+    from vcloud.runtime.cluster import RuleResources
+    from vcloud.runtime.slurm import launch_prefix, slurm_resources
 
     cluster = Cluster.from_config(base)
     res = cluster.place(RuleResources.from_config(base, "train_stage1").with_overrides({"gpu": 8}), {"gpu": 8})
@@ -542,8 +543,9 @@ def test_a_whole_node_goes_to_standard_g_with_one_task_per_gcd(base):
 
 
 def test_dev_g_runs_one_job_at_a_time(base):
-    from vcloud.runtime.lumi import RuleResources, slurm_resources
+    from vcloud.runtime.cluster import RuleResources
     from vcloud.runtime.profile import render
+    from vcloud.runtime.slurm import slurm_resources
 
     config = copy.deepcopy(base)
     config["resources"]["train_stage1"].update(partition="dev-g", runtime=60)

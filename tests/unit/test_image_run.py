@@ -11,9 +11,9 @@ import yaml
 
 from vcloud.errors import ConfigError
 from vcloud.runtime import image_run
+from vcloud.runtime.cluster import Cluster
 from vcloud.runtime.controller import controller_job, script
 from vcloud.runtime.doctor import Report, check_container
-from vcloud.runtime.lumi import Cluster
 from vcloud.runtime.profile import load_workflow_config, write_site_profile
 
 REPO = Path(__file__).resolve().parents[2]

@@ -178,7 +178,7 @@ def test_a_stage_added_to_a_test_registry_gets_rules_folder_resources_bill_line_
     from vcloud.config.workflow import fill_stage_resources
     from vcloud.export import viewer
     from vcloud.runtime.bill import rule_bills
-    from vcloud.runtime.lumi import Cluster, RuleResources
+    from vcloud.runtime.cluster import Cluster, RuleResources
     from vcloud.runtime.profile import load_workflow_config
 
     assert with_stage4.folder == "stage4" and with_stage4.model_section == "stage2"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from vcloud.config import config_to_dict, load_model_config
+from vcloud.runtime.cluster import Cluster
 from vcloud.runtime.doctor import preflight
-from vcloud.runtime.lumi import Cluster
 from vcloud.runtime.profile import load_workflow_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -109,8 +109,9 @@ def test_warn_after_forces_one_warning_and_the_resubmitted_job_resumes(tmp_path)
 
 
 def test_warn_after_is_in_the_launch_line_of_one_gcd_only(tmp_path):
+    from vcloud.runtime.cluster import RuleResources
     from vcloud.runtime.doctor import Report, check_resources
-    from vcloud.runtime.lumi import RuleResources, launch_prefix
+    from vcloud.runtime.slurm import launch_prefix
 
     config = rehearsal_config()
     cluster = Cluster.from_config(config)

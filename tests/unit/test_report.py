@@ -218,21 +218,24 @@ def test_cli_accounting_rejects_resources_that_are_not_json(tmp_path, capsys):
 
 def test_accounting_bills_what_lumi_bills_for_each_jobs_resources(tmp_path):
     """gpu_h follows the job's billing entry (computed from its actual resources by
-    vcloud.runtime.lumi.billing), not gpus x hours; CPU rules get billed core-hours."""
+    vcloud.runtime.billing.billing), not gpus x hours; CPU rules get billed core-hours."""
     import math
+    from pathlib import Path
 
-    from vcloud.runtime.lumi import Partition, RuleResources, billing
+    from vcloud.runtime.billing import billing
+    from vcloud.runtime.cluster import Cluster, RuleResources
+    from vcloud.runtime.profile import load_workflow_config
 
+    lumi = Cluster.from_config(load_workflow_config(Path(__file__).resolve().parents[2] / "config" / "lumi.yaml"))
     bench = tmp_path / "benchmarks"
     _bench(bench / "train_stage1", "train_stage1", 7200)  # 2 h
     _bench(bench / "prepare_roi", "x", 3600)
-    small_g = Partition("small-g", 4320, 1, 8, False)
-    small = Partition("small", 4320, 4, 0, False)
+    small_g, small = lumi.partitions["small-g"], lumi.partitions["small"]
     train = RuleResources("train_stage1", 4320, 4 * 60000, 7, "small-g", 4, 1, 7)
     prep = RuleResources("prepare_roi", 240, 16000, 4, "small", 0, 1, 7)
     resources = {}
     for res, part in ((train, small_g), (prep, small)):
-        bill = billing(res, part)
+        bill = billing(res, part, lumi)  # LUMI's slices, from its site file
         resources[res.rule] = {
             "threads": res.threads,
             "gpus": res.gpus,

@@ -85,16 +85,18 @@ def test_each_composite_on_a_hand_made_series():
         clear_max_cover=0.0,
     )
     assert set(out) == set(COMPOSITES)
-    # nearest clear date: only day 0 is wholly clear
-    np.testing.assert_allclose(out["nearest_clear_date"][0], [[0.1, 0.1], [0.1, 0.9]])
-    # nearest clear value per pixel: (0,0) day 45; (0,1), (1,0) day 70 (20 d) over day 0 (50 d)
-    np.testing.assert_allclose(out["nearest_clear_value"][0], [[0.3, 0.6], [0.6, 0.9]])
-    # median of clear values within +-30 d (days 45, 70): (0,0) median(0.3, 0.6); others 0.6
-    np.testing.assert_allclose(out["clear_median"][0], [[0.45, 0.6], [0.6, 0.9]])
+    # nearest clear date: only day 0 is wholly clear; the whole image, the target hidden whole
+    np.testing.assert_allclose(out["nearest_clear_date"][0], [[0.1, 0.1], [0.1, 0.1]])
+    # nearest clear value per pixel: (0,0) day 45; (0,1), (1,0) day 70 (20 d) over day 0 (50 d); (1,1) day 0
+    np.testing.assert_allclose(out["nearest_clear_value"][0], [[0.3, 0.6], [0.6, 0.1]])
+    # median of clear values within +-30 d (days 45, 70): (0,0) median(0.3, 0.6); (1,1) clear in neither: 0.1
+    np.testing.assert_allclose(out["clear_median"][0], [[0.45, 0.6], [0.6, 0.1]])
+    # the same with the pixel the user sees clear kept
+    np.testing.assert_allclose(out["clear_median_kept"][0], [[0.45, 0.6], [0.6, 0.9]])
     # least cloudy within the window: day 70 (1 pixel cloudy) over day 45 (3)
-    np.testing.assert_allclose(out["least_cloudy"][0], [[0.6, 0.6], [0.6, 0.9]])
-    # mosaic of the context (days 45, 70): the mean of clear values
-    np.testing.assert_allclose(out["mosaic"][0], [[0.45, 0.6], [0.6, 0.9]])
+    np.testing.assert_allclose(out["least_cloudy"][0], [[0.6, 0.6], [0.6, 0.6]])
+    # mosaic of the context (days 45, 70): the mean of clear values; clear on neither: the least cloudy
+    np.testing.assert_allclose(out["mosaic"][0], [[0.45, 0.6], [0.6, 0.6]])
 
 
 def test_a_pixel_clear_nowhere_in_the_window_takes_the_nearest_clear_value():

@@ -12,10 +12,12 @@ import yaml
 
 from vcloud.config import load_model_config
 from vcloud.errors import ConfigError
+from vcloud.runtime.billing import billing
+from vcloud.runtime.cluster import Cluster, RuleResources
 from vcloud.runtime.doctor import Report, check_memory, check_precision, stage_gpus
-from vcloud.runtime.lumi import Cluster, RuleResources, billing, launch_prefix, slurm_resources, uses_container
 from vcloud.runtime.profile import load_workflow_config, render
 from vcloud.runtime.site import apply_site, load_site, site_names
+from vcloud.runtime.slurm import launch_prefix, slurm_resources, uses_container
 
 REPO = Path(__file__).resolve().parents[2]
 SITES = ("betzy", "eagle", "lumi", "olivia", "saga")
@@ -169,6 +171,7 @@ def test_an_unknown_site_names_the_known_ones():
         (lambda f: f.update(gpu_request="gpu"), "key gpu_request"),
         (lambda f: f.update(account="nn1234k"), "account is the user's, not the site's"),
         (lambda f: f["partitions"]["a100"].update(gpus=4), "unknown key partitions.a100.gpus"),
+        (lambda f: f["billing"].update(formula="lumi", slices={"cores_per_gcd": 8}), "billing.slices"),
     ],
 )
 def test_a_bad_site_file_is_refused_naming_file_and_key(tmp_path, change, message):

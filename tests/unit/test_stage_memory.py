@@ -21,8 +21,8 @@ from vcloud.config import load_model_config
 from vcloud.models.build import build_autoencoder, build_cfdt, build_refiner
 from vcloud.pipeline import DraftUnderRefiner, RefinerPipeline, sampling_settings
 from vcloud.runtime import stage_memory
+from vcloud.runtime.cluster import Cluster
 from vcloud.runtime.doctor import Report, check_memory, preflight
-from vcloud.runtime.lumi import Cluster
 
 ROOT = Path(__file__).parents[2]
 B, T, SIZE = 2, 4, 32

@@ -7,13 +7,8 @@ import os
 from vcloud import workflow as logic
 from vcloud.errors import ConfigError
 from vcloud.runtime.bill import rule_retries
-from vcloud.runtime.lumi import (
-    Cluster,
-    RuleResources,
-    launch_prefix,
-    slurm_resources,
-    uses_container,
-)
+from vcloud.runtime.cluster import Cluster, RuleResources
+from vcloud.runtime.slurm import launch_prefix, slurm_resources, uses_container
 
 
 def get_resources_json():

@@ -1,9 +1,11 @@
 # Raw SEN12MS-CR-TS (or its synthetic stand-in) -> per-ROI zarr stores -> split stores.
 # Downloaded archives are read in place: indexed once each (index_archive), then every
 # prepare_roi job decompresses only its own members. With data.source: folder every location
-# (a sub-folder of data.folder) is prepared as one ROI, and the splits assemble them.
+# (a sub-folder of data.folder) is prepared as one ROI, and the splits assemble them; with
+# data.temporal_split each split store takes every location and keeps the split's dates only.
 
 from vcloud.data.s2files import prepare_flags
+from vcloud.data.splits import split_date_flags, split_location_store
 
 
 rule synth_raw:
@@ -119,5 +121,31 @@ rule assemble_split:
     threads: get_resources("assemble_split")["threads"]
     resources:
         **get_slurm_resources("assemble_split"),
+    params:
+        dates=lambda wildcards: split_date_flags(FOLDER, wildcards.split),
     shell:
-        "vcloud assemble --out {output.store} {input} > {log} 2>&1"
+        "vcloud assemble --out {output.store} {params.dates} {input} > {log} 2>&1"
+
+
+# data.temporal_split: one location's store of one split's dates, what predict reads (the dates
+# of predict.split only). Booked, logged and resourced as assemble_split's jobs.
+rule split_location:
+    input:
+        RUN.roi_store("{roi}"),
+    output:
+        store=directory(split_location_store(PREPARED, "{split}", "{roi}")),
+    log:
+        "logs/assemble_split/{split}/{roi}.log",
+    benchmark:
+        "benchmarks/assemble_split/{split}/{roi}.tsv"
+    conda:
+        "../../envs/vcloud.yaml"
+    container:
+        get_container("assemble_split")
+    threads: get_resources("assemble_split")["threads"]
+    resources:
+        **get_slurm_resources("assemble_split"),
+    params:
+        dates=lambda wildcards: split_date_flags(FOLDER, wildcards.split),
+    shell:
+        "vcloud assemble --out {output.store} {params.dates} {input} > {log} 2>&1"

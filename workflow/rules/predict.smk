@@ -2,7 +2,7 @@
 # predict.split ROIs, one job per ROI (an array of GPU jobs on LUMI, launched like the
 # evaluations), each resumable from its manifest. Opt-in: `rule all` asks for it only with
 # predict.enabled; `snakemake predict_all` makes it at any time.
-PREDICT = config["predict"]
+# The input functions and PREDICT (config predict:): predict_inputs.smk.
 
 
 rule predict:

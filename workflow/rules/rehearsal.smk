@@ -3,7 +3,7 @@
 # the real ones; resources.<rule>.rehearse_warning forces a wall-time warning on one of them.
 # With experiments and seeds the rehearsal tries one run of the grid, RUNS' only one
 # (vcloud.config.experiments.rehearsed_run), its files where a single run's lie (the input
-# functions: paths.smk).
+# functions: rehearsal_inputs.smk).
 
 
 if is_rehearsal():

@@ -1,4 +1,4 @@
-# The four training stages (rules train_stage0..3), of each run (the {run} wildcard, paths.smk); each resumes from its latest.pt, also when
+# The four training stages (rules train_stage0..3), of each run (the {run} wildcard, runs.smk); each resumes from its latest.pt, also when
 # snakemake deleted best.pt (a finished stage then trains nothing), and starts fresh when a
 # setting it depends on changed (the config_hash param; upstream weights: the trainer) or when
 # latest.pt was moved aside (docs/resume.md). One rule per stage of the registry

@@ -41,7 +41,7 @@ def add_image(sub: argparse._SubParsersAction) -> None:
 
 def run_image(args: argparse.Namespace) -> None:
     from vcloud.runtime import image
-    from vcloud.runtime.lumi import Cluster
+    from vcloud.runtime.cluster import Cluster
     from vcloud.runtime.profile import load_workflow_config
 
     cluster = Cluster.from_config(load_workflow_config(args.config))

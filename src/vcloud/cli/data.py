@@ -170,13 +170,53 @@ def add_assemble(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("assemble", help="gather per-ROI stores into one split store (shards hard-linked, not copied)")
     p.add_argument("--out", type=Path, required=True, help="FILE.zarr to write")
     p.add_argument("stores", type=Path, nargs="+", help="per-ROI stores")
+    dates = "(YYYY-MM-DD, both included; repeatable; a temporal split)"
+    p.add_argument(
+        "--keep",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("FIRST", "LAST"),
+        help=f"keep only the dates in FIRST..LAST {dates}",
+    )
+    p.add_argument(
+        "--drop",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("FIRST", "LAST"),
+        help=f"mark the dates in FIRST..LAST missing {dates}",
+    )
     p.set_defaults(func=run_assemble)
 
 
 def run_assemble(args: argparse.Namespace) -> None:
-    from vcloud.data.store import assemble
+    from vcloud.data.store import DateRanges, assemble
 
-    assemble(args.stores, args.out)
+    ranges = None
+    if args.keep or args.drop:
+        ranges = DateRanges(keep=_date_ranges("--keep", args.keep), drop=_date_ranges("--drop", args.drop))
+    assemble(args.stores, args.out, dates=ranges)
+
+
+def _date_ranges(flag: str, pairs: list[list[str]]) -> tuple[tuple[str, str], ...]:
+    """--keep/--drop FIRST LAST pairs as ISO dates in order; ConfigError naming the flag otherwise."""
+    import datetime as dt
+
+    from vcloud.errors import ConfigError
+
+    ranges = []
+    for first, last in pairs:
+        days = []
+        for text in (first, last):
+            try:
+                days.append(dt.date.fromisoformat(text))
+            except ValueError:
+                raise ConfigError(f"{flag} {first} {last}: {text} is not a date YYYY-MM-DD") from None
+        if days[0] > days[1]:
+            raise ConfigError(f"{flag} {first} {last}: {first} is after {last} (give FIRST LAST)")
+        ranges.append((days[0].isoformat(), days[1].isoformat()))
+    return tuple(ranges)
 
 
 def add_verify(sub: argparse._SubParsersAction) -> None:

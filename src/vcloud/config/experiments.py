@@ -10,7 +10,7 @@ Without either key (the default) there is one run whose files lie where a single
 have (`results/stage<n>/...`); with either, each run's files lie under
 `results/<experiment>/seed<k>/` (`results/<experiment>/` with experiments but no seeds), and a run's stage, evaluation, fixed protocol or wind cache whose
 identity an earlier run (table order: experiments, then seeds) already has is read from that
-run's folder instead of being made again (vcloud.workflow.run_paths; docs/workflow.md,
+run's folder instead of being made again (vcloud.config.identities.run_paths; docs/workflow.md,
 "Experiments and seeds").
 A rehearsal (`rehearsal.enabled`) of such a config tries one run of it, not the grid: the
 experiment `rehearsal.experiment` names (else compare's baseline) under the first seed, with the
@@ -270,7 +270,7 @@ def model_config_path(config: dict) -> Path:
 def research_plan(config: dict) -> tuple[list[Run], list] | None:
     """(runs, their RunPaths) of a research config as the workflow plans them, for the bill and
     the data budget (a rehearsal's: its one run); None for a single run."""
-    from vcloud.workflow import run_paths
+    from vcloud.config.identities import run_paths
 
     if not is_research(config):
         return None

@@ -156,6 +156,11 @@ class CFDTConfig:
     wind_sectors: int = 16  # wind sectors of the scan orders (sector i: angle 2*pi*i/S from east)
     wind_allow_recompute: bool = False  # one process only: compute missing orders in memory, with a warning
     optimisations: Optimisations = Optimisations()
+    # The clear-sky prior the decoder corrects (models/cfdt.py): soft, every date weighted by its
+    # clarity (cloudy pixels too, less); clear, per pixel the mean of the other dates' clear values
+    # (cloud probability below the threshold), weighted by the gate: the composite a user makes by
+    # hand (the soft weights where no other date is clear); what the target shows is the decoder's.
+    prior: Literal["soft", "clear"] = "soft"
 
     def __post_init__(self) -> None:
         _check_widths(self)
@@ -306,6 +311,11 @@ class Stage1Config:
     # Start the per-date encoder's first level (stem S2 weights and level-0 blocks) from stage 0's
     # autoencoder (registry: stage 1 then builds on stage 0). Measured in docs/training.md.
     init_from_stage0: bool = False
+    # The untrained draft is exactly the clear-sky composite of its inputs (the change gate's and the
+    # decoder's last layers start at zero: every date weighted by its clarity alone, no correction),
+    # and that start is validated as epoch -1: best.pt is the composite until an epoch beats it on
+    # val, so stage 1 never ships what validates worse than the simple answer of its own inputs.
+    start_from_composite: bool = False
 
 
 @dataclass(frozen=True)

@@ -19,18 +19,31 @@ training and evaluation take a clear target and at least one other date; with fe
 a model's data.input_dates they repeat dates (docs/data.md, "Dates without S1, series of any
 length").
 
+One location is enough with a temporal split (data/splits.py temporal_ranges):
+
+    data:
+      locations: [oslo]                  # a list: every location in every split
+      temporal_split: {val: [2018-06-01, 2018-07-31], test: [2018-10-01, 2018-12-31], gap_days: 30}
+
+val and test are date ranges of every location, the training dates the others, more than gap_days
+from both; each split store keeps only its dates (vcloud assemble --keep/--drop). The mapping form
+{train: [...], val: [...], test: [...]} still works beside it, and then may name a location in
+several splits.
+
 Everything here is checked while the workflow is parsed, before any job, in one line naming the
-key: a location named twice, one missing on disk or without S2/, an empty split, a series too short.
+key: a location named twice, one missing on disk or without S2/, an empty split, a series too short,
+a bad temporal split, a split whose range leaves a location fewer than MIN_DATES dates.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from vcloud.constants import SPLITS
 from vcloud.data.layout import RoiId
+from vcloud.data.store import DateRanges
 from vcloud.errors import BadInputError, ConfigError
 
 SOURCES = ("sen12mscrts", "folder")
@@ -41,10 +54,10 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 @dataclass(frozen=True)
 class Location:
-    """One sub-folder of data.folder: its name (the file stem of its store), split, folder and ROI id."""
+    """One sub-folder of data.folder: its name (the file stem of its store), splits, folder and ROI id."""
 
     name: str
-    split: str
+    splits: tuple[str, ...]  # one, or several with data.temporal_split (each split its dates)
     path: Path
     roi: RoiId
     dates: int  # the most S2 dates any of its tiles has
@@ -68,6 +81,8 @@ class Location:
 class FolderLocations:
     root: Path
     locations: tuple[Location, ...]  # in name order
+    # data.temporal_split: each split's dates (data/splits.py temporal_ranges); None: every date
+    temporal: dict[str, DateRanges] | None = field(default=None, hash=False)
 
     @property
     def times(self) -> int:
@@ -75,7 +90,7 @@ class FolderLocations:
         return max(location.dates for location in self.locations)
 
     def split(self, split: str) -> list[Location]:
-        return [location for location in self.locations if location.split == split]
+        return [location for location in self.locations if split in location.splits]
 
     def get(self, name: str) -> Location:
         for location in self.locations:
@@ -99,7 +114,7 @@ def folder_source(config: dict) -> FolderLocations | None:
     data = config["data"]
     if is_folder_source(data):
         return folder_locations(config)
-    for key in ("folder", "locations"):
+    for key in ("folder", "locations", "temporal_split"):
         if key in data:
             raise ConfigError(
                 f"data.{key}: read only with data.source: folder (now {source_of(data)}); add data.source: folder "
@@ -111,6 +126,7 @@ def folder_source(config: dict) -> FolderLocations | None:
 def folder_locations(config: dict) -> FolderLocations:
     """The locations of a folder source, checked (module docstring); ConfigError in one line."""
     from vcloud.data.folder import FolderSource, is_plain_folder
+    from vcloud.data.splits import temporal_ranges
 
     data = config["data"]
     if config.get("synthetic", {}).get("enabled"):
@@ -120,34 +136,15 @@ def folder_locations(config: dict) -> FolderLocations:
         )
     if not data.get("folder"):
         raise ConfigError("data.folder: required with data.source: folder (the folder whose sub-folders are locations)")
-    locations = data.get("locations")
-    if not isinstance(locations, dict):
-        raise ConfigError(
-            "data.locations: required with data.source: folder ({train: [...], val: [...], test: [...]}, each name a "
-            "sub-folder of data.folder)"
-        )
+    temporal = None if data.get("temporal_split") is None else temporal_ranges(data["temporal_split"])
+    splits_of = _splits_of(data.get("locations"), temporal=temporal is not None)
     root = Path(data["folder"])
     if not root.is_dir():
         raise ConfigError(f"data.folder: {root}: not a folder")
-    unknown = sorted(set(locations) - set(SPLITS))
-    if unknown:
-        raise ConfigError(f"data.locations: unknown split {', '.join(unknown)} (allowed: {', '.join(SPLITS)})")
-    split_of: dict[str, str] = {}
-    for split in SPLITS:
-        names = locations.get(split) or []
-        if not names:
-            raise ConfigError(f"data.locations.{split}: no location; every split (train, val, test) needs one")
-        for name in names:
-            key = f"data.locations.{split}"
-            if not isinstance(name, str) or not NAME_RE.match(name):
-                raise ConfigError(f"{key}: {name!r} is not a folder name (letters, digits, '_', '-', '.')")
-            if name in split_of:
-                where = "twice" if split_of[name] == split else f"also in data.locations.{split_of[name]}"
-                raise ConfigError(f"{key}: '{name}' listed {where}; a location belongs to one split")
-            split_of[name] = split
     found = []
-    for number, name in enumerate(sorted(split_of), start=1):
-        key = f"data.locations.{split_of[name]}"
+    for number, name in enumerate(sorted(splits_of), start=1):
+        splits = splits_of[name]
+        key = "data.locations" if isinstance(data["locations"], list) else f"data.locations.{splits[0]}"
         path = root / name
         if not path.is_dir():
             raise ConfigError(f"{key}: '{name}': no folder {path}")
@@ -157,13 +154,78 @@ def folder_locations(config: dict) -> FolderLocations:
                 "'Your own locations')"
             )
         try:
-            dates = FolderSource(path).times
+            source = FolderSource(path)
         except BadInputError as err:
             raise ConfigError(f"{key}: '{name}': {err}") from None
+        dates = source.times
         if dates < MIN_DATES:
             raise ConfigError(
                 f"{key}: '{name}': {dates} date with S2 in {path}; a location needs at least {MIN_DATES} (a clear "
                 "target and another date, whatever data.input_dates): add dates or leave it out"
             )
-        found.append(Location(name, split_of[name], path, RoiId(FOLDER_ROIS, number), dates))
-    return FolderLocations(root, tuple(found))
+        for split in splits if temporal else ():
+            held = _dates_in(source, temporal[split])
+            if held < MIN_DATES:
+                raise ConfigError(
+                    f"data.temporal_split.{split}: '{name}' has {held} of its {dates} S2 dates there "
+                    f"({temporal[split].describe()}); each split needs at least {MIN_DATES} of every location's (a "
+                    "clear target and another date): move or widen the ranges"
+                )
+        found.append(Location(name, splits, path, RoiId(FOLDER_ROIS, number), dates))
+    return FolderLocations(root, tuple(found), temporal)
+
+
+def _splits_of(locations, *, temporal: bool) -> dict[str, tuple[str, ...]]:
+    """name -> its splits, from data.locations: a mapping split -> names, or (with a temporal split)
+    a list of names, each then in every split. ConfigError in one line naming the key."""
+    if isinstance(locations, list):
+        if not temporal:
+            raise ConfigError(
+                "data.locations: a list puts every location in every split, which needs data.temporal_split (its "
+                "dates split by date ranges); else give {train: [...], val: [...], test: [...]}"
+            )
+        if not locations:
+            raise ConfigError("data.locations: no location; name at least one sub-folder of data.folder")
+        locations = {split: locations for split in SPLITS}
+        where = {split: "data.locations" for split in SPLITS}
+    elif isinstance(locations, dict):
+        unknown = sorted(set(locations) - set(SPLITS))
+        if unknown:
+            raise ConfigError(f"data.locations: unknown split {', '.join(unknown)} (allowed: {', '.join(SPLITS)})")
+        where = {split: f"data.locations.{split}" for split in SPLITS}
+    else:
+        raise ConfigError(
+            "data.locations: required with data.source: folder ({train: [...], val: [...], test: [...]}, each name a "
+            "sub-folder of data.folder; or a list of them with data.temporal_split)"
+        )
+    splits_of: dict[str, list[str]] = {}
+    for split in SPLITS:
+        names = locations.get(split) or []
+        if not names:
+            raise ConfigError(f"{where[split]}: no location; every split (train, val, test) needs one")
+        seen = set()
+        for name in names:
+            key = where[split]
+            if not isinstance(name, str) or not NAME_RE.match(name):
+                raise ConfigError(f"{key}: {name!r} is not a folder name (letters, digits, '_', '-', '.')")
+            if name in seen:
+                raise ConfigError(f"{key}: '{name}' listed twice")
+            seen.add(name)
+            if name in splits_of and not temporal:
+                raise ConfigError(
+                    f"{key}: '{name}' listed also in data.locations.{splits_of[name][0]}; a location belongs to one "
+                    "split (or give data.temporal_split: its dates then split by date ranges)"
+                )
+            splits_of.setdefault(name, []).append(split)
+    return {name: tuple(splits) for name, splits in splits_of.items()}
+
+
+def _dates_in(source, ranges: DateRanges) -> int:
+    """S2 dates of a location in `ranges`: its tile with the most, as FolderSource.times counts."""
+    import numpy as np
+
+    per_tile: dict[int, list] = {}
+    for (kind, tile, _), (date, _) in source.files.items():
+        if kind == "s2":
+            per_tile.setdefault(tile, []).append(np.datetime64(date, "D"))
+    return max(int(ranges.mask(np.array(days)).sum()) for days in per_tile.values())

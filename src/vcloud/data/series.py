@@ -30,8 +30,12 @@ Series composites: for a target date, from every usable date of the series but t
 - mosaic: the mean of the pixel's clear values over the context dates the model sees (AllClear's
   mosaicing of its inputs); clear on none of them: the least cloudy context date's value.
 
-Each fills only where the target is not seen (its cloud probability at or above the threshold):
-a pixel the user sees clear is kept, as a user keeps it.
+- clear_median_kept: clear_median where the target is not seen (its cloud probability at or above
+  the threshold), the target as seen elsewhere: a user who masks the clouds and fills them.
+
+The others are the whole image, the target hidden whole (../shared/GAPFILL.md's protocol): a thin
+cloud under the threshold is not kept then. Which is stronger depends on the clouds; the
+evaluation takes the strongest of all of them (evaluation/scoring.py).
 """
 
 from __future__ import annotations
@@ -43,7 +47,14 @@ import numpy as np
 POLICIES = ("nearest", "clearest", "random")
 FALLBACKS = ("beyond_window", "repeated", "target_only")
 COVER_STEP = 0.05  # clearest: covers within one step count as equal; the nearer date wins
-COMPOSITES = ("nearest_clear_date", "clear_median", "nearest_clear_value", "least_cloudy", "mosaic")
+COMPOSITES = (
+    "nearest_clear_date",
+    "clear_median",
+    "nearest_clear_value",
+    "least_cloudy",
+    "mosaic",
+    "clear_median_kept",
+)
 
 
 @dataclass(frozen=True)
@@ -125,7 +136,7 @@ def composites(
 
     s2 (N, C, H, W) float 0..1: every usable date of the series but the target; clear (N, H, W)
     bool: where each is clear; days (N,) their day numbers; target (C, H, W): the target as the
-    model sees it (clouded); target_seen (H, W) bool: its pixels seen clear, kept; context (N,)
+    model sees it (clouded); target_seen (H, W) bool: its pixels seen clear (clear_median_kept keeps them); context (N,)
     bool: the dates among the model's context (mosaic)."""
     if len(s2) == 0:  # nothing to fill from: the target as seen is every answer
         return {name: target.astype(np.float32) for name in COMPOSITES}
@@ -170,6 +181,6 @@ def composites(
         "nearest_clear_value": gap_fill,
         "least_cloudy": s2[window_least],
         "mosaic": mosaic,
+        "clear_median_kept": np.where(np.asarray(target_seen, dtype=bool)[None], target, median),
     }
-    seen = np.asarray(target_seen, dtype=bool)[None]
-    return {name: np.where(seen, target, image).astype(np.float32) for name, image in answers.items()}
+    return {name: image.astype(np.float32) for name, image in answers.items()}

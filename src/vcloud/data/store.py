@@ -280,8 +280,14 @@ def open_store(path: Path):
     return ds
 
 
-def assemble(stores: Sequence[Path], out: Path) -> None:
+def assemble(stores: Sequence[Path], out: Path, *, dates: DateRanges | None = None) -> None:
     """Gather per-ROI stores into one split store without copying a pixel.
+
+    `dates` (a temporal split, data/splits.py): the split keeps only the dates it names; every other
+    date of every location is marked missing in the split's tables (valid_s2 and valid_s1 False, the
+    cloud covers NaN, cloud_class -1, s1_nan_pixels 0; the date stays in date_s2), so that no sampler,
+    protocol or prediction of the split sees it. The ranges are in the store's attrs
+    (`date_ranges`); a split with no S2 date left is refused in one line naming it.
 
     The split's image shards are hard links to the per-ROI stores' shards (renumbered along
     `location`); only the small per-location tables and the metadata are written. So the split
@@ -338,6 +344,18 @@ def assemble(stores: Sequence[Path], out: Path) -> None:
         table.attrs["s2_product_level"] = first.attrs["s2_product_level"]
     if "cloud_mask" in first.attrs:
         table.attrs["cloud_mask"] = first.attrs["cloud_mask"]
+    if dates is not None:
+        kept = dates.mask(table["date_s2"].values)  # (L, T) bool
+        for name in ("valid_s2", "valid_s1"):
+            table[name] = table[name] & kept
+        for name in ("cloud_cover", "cloud_cover_s2cloudless", "cloud_agreement"):
+            if name in table:
+                table[name] = table[name].where(kept)
+        for name, missing in (("cloud_class", -1), ("s1_nan_pixels", 0)):
+            table[name] = table[name].where(kept, missing).astype(table[name].dtype)
+        table.attrs["date_ranges"] = dates.as_attrs()
+        if not (table["valid_s2"].values).any():
+            raise BadInputError(f"{out}: no S2 date of {', '.join(sources)} is among the kept ({dates.describe()})")
     table.attrs["counts"] = summary(table)
     total = len(seen)
 
@@ -359,6 +377,37 @@ def assemble(stores: Sequence[Path], out: Path) -> None:
             warnings.filterwarnings("ignore", message="Consolidated metadata", category=UserWarning)
             zarr.consolidate_metadata(str(tmp), zarr_format=3)
     log.info("assembled %d locations from %d stores into %s (image shards hard-linked)", total, len(stores), out)
+
+
+@dataclass(frozen=True)
+class DateRanges:
+    """The dates a split store keeps: those in any `keep` range (every date when there is none) and
+    in no `drop` range; ranges are (first, last) ISO dates, both included."""
+
+    keep: tuple[tuple[str, str], ...] = ()
+    drop: tuple[tuple[str, str], ...] = ()
+
+    def mask(self, dates: np.ndarray) -> np.ndarray:
+        day = np.asarray(dates).astype("datetime64[D]")
+        inside = lambda first, last: (day >= np.datetime64(first)) & (day <= np.datetime64(last))  # noqa: E731
+        kept = np.zeros(day.shape, bool) if self.keep else np.ones(day.shape, bool)
+        for first, last in self.keep:
+            kept |= inside(first, last)
+        for first, last in self.drop:
+            kept &= ~inside(first, last)
+        return kept & ~np.isnat(day)
+
+    def describe(self) -> str:
+        """'2018-06-01..2018-07-31', 'every date but 2018-05-02..2018-08-30', ..."""
+        text = ", ".join(f"{a}..{b}" for a, b in self.keep) or "every date"
+        return text + (" but " + ", ".join(f"{a}..{b}" for a, b in self.drop) if self.drop else "")
+
+    def as_attrs(self) -> dict:
+        return {"keep": [list(r) for r in self.keep], "drop": [list(r) for r in self.drop]}
+
+    def flags(self) -> str:
+        """The same ranges as `vcloud assemble` flags: --keep FIRST LAST ... --drop FIRST LAST ..."""
+        return " ".join([f"--keep {a} {b}" for a, b in self.keep] + [f"--drop {a} {b}" for a, b in self.drop])
 
 
 def _array_meta(store: Path, name: str, *, shape: bool) -> dict:

@@ -6,13 +6,21 @@ natural-cloud protocols pooled ("natural": reference + uncrtaints), each stage's
 its mean |error| on the pixels where the reconstructed date is seen, `seen_mae`) and the paired
 difference of each stage with the stage before it (registry order, the stages that
 remove clouds: those the viewer shows), with its paired standard error and the one clustered by
-location. The README's quality table is pasted from its Markdown.
+location. Per stage and protocol it also has the stage against the strongest simple answer (the
+report's `strongest`: the baseline of the highest mean PSNR on those samples, with the paired
+difference, its t interval and the samples the stage wins), and its Markdown opens with those
+lines. The README's quality table is pasted from its Markdown.
 
 Run against run (`vcloud compare`, research runs): the evaluation reports of every experiment x
 seed; per experiment, stage and protocol the mean over seeds with each seed's value and their
 standard deviation, and the difference from a baseline experiment, paired sample by sample and
 seed by seed, with a confidence interval that has a seed level over the location clustering
-(stats.seeded_difference). Runs scored on different samples are refused in one line.
+(stats.seeded_difference). Every row also has the model against the strongest simple answer of its
+own reports (`strongest`: the baseline of the highest seed-averaged mean PSNR, the seeded
+difference from it with its interval, and the samples won), and the Markdown opens with one line
+per experiment and stage saying whether the model beats it. Reports of before the series
+baselines, or without `strongest`, compare all the same: the strongest of the baselines they have.
+Runs scored on different samples are refused in one line.
 """
 
 from __future__ import annotations
@@ -21,14 +29,83 @@ import json
 from pathlib import Path
 
 from vcloud.errors import BadInputError
-from vcloud.evaluation.stats import paired_difference, seeded_difference
+from vcloud.evaluation.stats import headline_difference, paired_difference, seeded_difference
 from vcloud.io import atomic_write_json, atomic_write_text
 
 NATURAL = ("reference", "uncrtaints")  # the protocols with the raw tree's own clouds
 METRIC = "psnr"
+STRONGEST = "Against the strongest simple answer"  # the title of the lines every report opens with
 
 
-def _read(path: Path) -> dict:
+# --- the model against the strongest simple answer (scoring.strongest, read or recomputed) ----
+
+
+def baselines_of(result: dict) -> list[str]:
+    """The baselines one protocol's result scored beside the model, in the report's order: every
+    method with per-sample PSNR but the model (a report of before the series baselines: its three)."""
+    return [
+        name
+        for name, value in result.items()
+        if name != "model" and isinstance(value, dict) and METRIC in (value.get("per_sample") or {})
+    ]
+
+
+def _mean_psnr(method: dict) -> float:
+    mean = (method.get("mean") or {}).get(METRIC)
+    return float(mean) if mean is not None else float(_mean(method["per_sample"][METRIC]))
+
+
+def strongest_of(result: dict, *, level: float = 0.95) -> dict | None:
+    """The model against the strongest baseline of one scored protocol: the report's own
+    `strongest` (scoring.strongest), or, for a report written before it, the same computed from
+    its per-sample values (the baseline of the highest mean PSNR, stats.headline_difference).
+    None: no model values or no baseline."""
+    if "strongest" in result:
+        return result["strongest"]
+    model = (result.get("model") or {}).get("per_sample", {}).get(METRIC)
+    names = baselines_of(result)
+    if not model or not names or "location" not in result:
+        return None
+    best = max(names, key=lambda name: _mean_psnr(result[name]))
+    paired = headline_difference(model, result[best]["per_sample"][METRIC], groups=result["location"], level=level)
+    return {"baseline": best, **paired}
+
+
+def verdict(ci: list[float] | None) -> str:
+    """Whether an interval of model - strongest says the model beats it, in words."""
+    low, high = ci if ci else (None, None)
+    if low is not None and low > 0:
+        return "beats it"
+    if high is not None and high < 0:
+        return "loses to it"
+    return "does not beat it (the interval holds zero)"
+
+
+def headline(strongest: dict | None) -> str | None:
+    """One line, scoring.headline's words for a `strongest` entry (None: there is none)."""
+    if not strongest:
+        return None
+    low, high = strongest["ci"] if strongest.get("ci") else (None, None)
+    interval = f"[{low:+.2f}, {high:+.2f}]" if low is not None else "[no interval: one location]"
+    return (
+        f"model - {strongest['baseline']} (the strongest simple answer): {strongest['difference']:+.2f} dB PSNR "
+        f"{interval} at {strongest['ci_level']:.0%}, wins {strongest['wins']} of {strongest['samples']}: "
+        f"the model {verdict(strongest.get('ci'))}"
+    )
+
+
+def fallbacks(result: dict) -> str | None:
+    """The context policy's fallbacks of one protocol's samples, counted (data/series.py): 'context
+    policy fallbacks: beyond_window 3, repeated 1 (of 57 samples)'; None where none was needed."""
+    counts = (result.get("context") or {}).get("fallbacks") or {}
+    if not any(counts.values()):
+        return None
+    text = ", ".join(f"{name} {count}" for name, count in counts.items() if count)
+    return f"context policy fallbacks: {text} (of {result.get('samples', '?')} samples)"
+
+
+def read_evaluation(path: Path) -> dict:
+    """An evaluation report (results/eval/stage<n>.json); BadInputError in one line naming the file."""
     try:
         report = json.loads(Path(path).read_text())
         report["stage"], report["protocols"]  # noqa: B018 (the keys this reads)
@@ -48,11 +125,12 @@ def _samples(result: dict) -> tuple[list[float], list] | None:
 
 def compare_stages(reports: list[Path], *, stages: tuple[int, ...]) -> dict:
     """{"stages": [...], "protocols": {name: {"samples", "mean": {stage: PSNR}, "difference":
-    {"<n> - <m>": paired_difference}}}} for the given reports; `stages`: which are compared with
-    the one before them (in that order)."""
+    {"<n> - <m>": paired_difference}, "strongest": {stage: strongest_of}}}} for the given reports
+    (no "strongest" for the pooled "natural"); `stages`: which are compared with the one before them
+    (in that order)."""
     by_stage = {}
     for path in reports:
-        report = _read(path)
+        report = read_evaluation(path)
         by_stage[int(report["stage"])] = (path, report["protocols"])
     order = [n for n in stages if n in by_stage]
     names = sorted({name for _, protocols in by_stage.values() for name in protocols}, key=_protocol_order)
@@ -75,6 +153,10 @@ def compare_stages(reports: list[Path], *, stages: tuple[int, ...]) -> dict:
         }
         if name != "natural":  # the error where the reconstructed date is seen (scoring.score)
             entry["seen_mae"] = {str(n): by_stage[n][1][name].get("model", {}).get("seen_mae") for n in values}
+            # each stage against the strongest baseline of its own report (natural: none, the
+            # pooled protocols have different baselines)
+            best = {str(n): strongest_of(by_stage[n][1][name]) for n in values}
+            entry["strongest"] = {n: s for n, s in best.items() if s}
         if name == "natural":  # the protocols scored (uncrtaints is not on your own imagery)
             entry["pooled"] = [p for p in parts if any(_samples(by_stage[n][1].get(p, {})) for n in order)]
         for before, after in zip(order, order[1:]):
@@ -100,13 +182,27 @@ def _protocol_order(name: str) -> tuple[int, str]:
     return (known.index(name) if name in known else len(known), name)
 
 
+def stage_headlines(comparison: dict) -> list[str]:
+    """compare_stages' lines of each stage against the strongest simple answer, per protocol."""
+    lines = []
+    for n in comparison["stages"]:
+        for name, entry in comparison["protocols"].items():
+            text = headline((entry.get("strongest") or {}).get(str(n)))
+            if text:
+                lines.append(f"stage {n}, {name}: {text}")
+    return lines
+
+
 def markdown(comparison: dict) -> str:
-    """The comparison as a Markdown table: protocol, samples, each stage's PSNR, each step's
-    difference ± paired SE (location-clustered SE in brackets)."""
+    """The comparison as Markdown: first each stage against the strongest simple answer (per
+    protocol), then a table: protocol, samples, each stage's PSNR, each step's difference ± paired
+    SE (location-clustered SE in brackets)."""
     order = comparison["stages"]
     steps = [f"{b} - {a}" for a, b in zip(order, order[1:])]
     header = ["protocol", "samples", *[f"stage {n}" for n in order], *[f"stage {s}" for s in steps]]
-    lines = ["| " + " | ".join(header) + " |", "| --- | " + " | ".join(["--:"] * (len(header) - 1)) + " |"]
+    opening = stage_headlines(comparison)
+    lines = [f"{STRONGEST}:", "", *[f"- {line}" for line in opening], ""] if opening else []
+    lines += ["| " + " | ".join(header) + " |", "| --- | " + " | ".join(["--:"] * (len(header) - 1)) + " |"]
     for name, entry in comparison["protocols"].items():
         label = f"{name} ({' + '.join(entry['pooled'])})" if "pooled" in entry else name
         means = [_fmt(entry["mean"].get(str(n))) for n in order]
@@ -188,7 +284,9 @@ def compare_runs(
     on val. Returns {"metric", "baseline", "experiments", "seeds", "decided_on": "val" (or "test"
     without val reports), "rows": [{split, experiment, stage, protocol, samples, per_seed: {seed:
     mean}, mean, std, difference: seeded_difference against the baseline (None for the
-    baseline), shared_with_baseline: every seed's report is the baseline's own file}]}. Refused
+    baseline), shared_with_baseline: every seed's report is the baseline's own file, strongest:
+    the model against the strongest baseline of its own reports over seeds (_seeded_strongest;
+    None for "natural" and for reports without baselines)}]}. Refused
     (BadInputError, one line): a baseline without reports, two runs of one split, stage and
     protocol scored on different samples, an experiment whose seeds are not the baseline's.
     """
@@ -199,7 +297,7 @@ def compare_runs(
         runs: dict[tuple[str, int], dict] = {}  # (experiment, stage) -> {seed: (path, protocols)}
         experiments: list[str] = []
         for experiment, seed, path in given:
-            report = _read(path)
+            report = read_evaluation(path)
             experiments += [] if experiment in experiments else [experiment]
             runs.setdefault((experiment, int(report["stage"])), {})[seed] = (Path(path), report["protocols"])
         if baseline not in experiments:
@@ -223,8 +321,8 @@ def compare_runs(
 
 
 def _stage_values(runs: dict, experiments: list[str], stage: int, name: str) -> dict:
-    """{experiment: {seed: (values, locations)}} of one stage and protocol, every run checked to
-    be scored on the first run's samples."""
+    """{experiment: {seed: (values, locations, path, the protocol's result or None for "natural")}}
+    of one stage and protocol, every run checked to be scored on the first run's samples."""
     values: dict = {}
     first = None
     for experiment in experiments:
@@ -239,7 +337,9 @@ def _stage_values(runs: dict, experiments: list[str], stage: int, name: str) -> 
                     f"protocol {name}, stage {stage}: {first[0]} and {path} were scored on different samples; "
                     "compare runs evaluated on the same store with the same protocol settings"
                 )
-            values.setdefault(experiment, {})[seed] = (got[0], got[1], path)
+            # the protocol's result too (its baselines); the pooled protocols' have different ones
+            result = protocols[name] if name != "natural" else None
+            values.setdefault(experiment, {})[seed] = (got[0], got[1], path, result)
     return values
 
 
@@ -257,6 +357,7 @@ def _row(experiment, stage, name, by_seed, base, baseline, level) -> dict:
         "mean": _mean(list(means.values())),
         "std": None if spread is None else float(spread),
         "difference": None,
+        "strongest": _seeded_strongest(by_seed, level),
     }
     if experiment == baseline or base is None:
         return row
@@ -274,13 +375,83 @@ def _row(experiment, stage, name, by_seed, base, baseline, level) -> dict:
     return row
 
 
+def _seeded_strongest(by_seed: dict, level: float) -> dict | None:
+    """One experiment's model against the strongest simple answer of its own reports, over seeds:
+    the baseline every seed's report has with the highest seed-averaged mean PSNR (chosen after the
+    fact: the hardest comparison), stats.seeded_difference of the model's per-sample PSNR against
+    it (seed by seed, location-clustered), `wins` (the samples where the model's seed-averaged PSNR
+    is above the baseline's) and `baseline_mean`, `candidates` (the baselines it was chosen from).
+    None for the pooled protocols (no common set of baselines) or reports without baselines."""
+    import numpy as np
+
+    order = sorted(by_seed, key=str)
+    results = [by_seed[seed][3] for seed in order]
+    if any(result is None for result in results):
+        return None
+    names = [name for name in baselines_of(results[0]) if all(name in baselines_of(r) for r in results[1:])]
+    if not names:
+        return None
+    means = {name: float(np.mean([_mean_psnr(result[name]) for result in results])) for name in names}
+    best = max(names, key=lambda name: means[name])
+    a = np.asarray([by_seed[seed][0] for seed in order], np.float64)
+    b = np.asarray([result[best]["per_sample"][METRIC] for result in results], np.float64)
+    difference = seeded_difference(a, b, groups=by_seed[order[0]][1], level=level)
+    wins = int(np.sum(a.mean(axis=0) > b.mean(axis=0)))
+    return {"baseline": best, "baseline_mean": means[best], "candidates": names, **difference, "wins": wins}
+
+
+def runs_headlines(comparison: dict, *, split: str = "test", stages: tuple[int, ...] | None = None) -> list[dict]:
+    """One line per experiment and stage of `split` (the one that reports): for every protocol the
+    model against the strongest simple answer over seeds and whether it beats it. [{"experiment",
+    "stage", "text"}]; `stages`: only these (None: every one)."""
+    lines = []
+    rows = [r for r in comparison["rows"] if r["split"] == split and r.get("strongest")]
+    experiments = list(dict.fromkeys(r["experiment"] for r in rows))
+    for experiment in experiments:
+        for stage in sorted({r["stage"] for r in rows if r["experiment"] == experiment}):
+            if stages is not None and stage not in stages:
+                continue
+            mine = sorted(
+                (r for r in rows if r["experiment"] == experiment and r["stage"] == stage),
+                key=lambda r: _protocol_order(r["protocol"]),
+            )
+            parts = [f"{r['protocol']}: {_strongest_clause(r['strongest'])}" for r in mine]
+            seeds = mine[0]["strongest"]["seeds"]
+            over = "one seed" if seeds == 1 else f"{seeds} seeds"
+            text = f"{experiment}, stage {stage} ({split}, {over}): " + "; ".join(parts)
+            lines.append({"experiment": experiment, "stage": stage, "text": text})
+    return lines
+
+
+def _strongest_clause(s: dict) -> str:
+    """'model - series_clear_median +0.50 dB PSNR [-0.20, +1.20] at 95%, wins 3 of 4: does not beat it'."""
+    ci = "" if s["ci"] is None else f" [{s['ci'][0]:+.2f}, {s['ci'][1]:+.2f}] at {s['ci_level']:.0%}"
+    return (
+        f"model - {s['baseline']} {s['difference']:+.2f} dB PSNR{ci}, wins {s['wins']} of {s['samples']}: "
+        f"the model {verdict(s['ci'])}"
+    )
+
+
+def _strongest_cell(row: dict) -> str:
+    s = row.get("strongest")
+    if not s:
+        return ""
+    ci = "" if s["ci"] is None else f" [{s['ci'][0]:+.2f}, {s['ci'][1]:+.2f}]"
+    one = "" if s.get("se_seed") is not None else " (one seed)"
+    return f"{s['baseline']}: {s['difference']:+.2f}{ci}{one}, wins {s['wins']} of {s['samples']}"
+
+
 def runs_markdown(comparison: dict) -> str:
-    """The comparison of runs as Markdown: one table per stage, a row per protocol and experiment
-    with each seed's PSNR, the mean ± std over seeds and the paired difference from the baseline
-    with its interval."""
+    """The comparison of runs as Markdown: first one line per experiment and stage of the model
+    against the strongest simple answer (runs_headlines), then one table per stage, a row per
+    protocol and experiment with each seed's PSNR, the mean ± std over seeds, the paired difference
+    from the baseline with its interval and, where the reports have baselines, the difference from
+    the strongest of them."""
     layout = runs_tables(comparison)
     header = layout["header"]
-    lines = [layout["notes"][0], "", layout["notes"][1]]
+    opening = [f"- {line['text']}" for line in layout["headlines"]]
+    lines = [f"{STRONGEST} (the test split, over seeds):", "", *opening, ""] if opening else []
+    lines += [layout["notes"][0], "", layout["notes"][1]]
     for table in layout["tables"]:
         lines += ["", f"### Stage {table['stage']}", "", "| " + " | ".join(header) + " |"]
         lines.append("| --- | --- | --- | " + " | ".join(["--:"] * (len(header) - 3)) + " |")
@@ -291,8 +462,8 @@ def runs_markdown(comparison: dict) -> str:
 def runs_tables(comparison: dict, *, markup: bool = True) -> dict:
     """The comparison of runs laid out once for every reader of it (results/compare.md, the
     viewer's "Experiments compared"): {"notes": [what the numbers are, which split decides],
-    "header": [...], "tables": [{"stage", "rows": [{"split", "experiment", "cells": [...]}]}]},
-    every cell formatted. `markup`: the notes' names in Markdown code and bold (else plain text).
+    "header": [...], "tables": [{"stage", "rows": [{"split", "experiment", "cells": [...]}]}],
+    "headlines": runs_headlines(comparison)}, every cell formatted. `markup`: the notes' names in Markdown code and bold (else plain text).
     """
     code, strong = (lambda s: f"`{s}`", lambda s: f"**{s}**") if markup else (str, str)
     seeds = [str(s) for s in comparison["seeds"]]
@@ -307,6 +478,10 @@ def runs_tables(comparison: dict, *, markup: bool = True) -> dict:
     ]
     columns = [f"seed {s}" if s != "None" else "value" for s in seeds]
     header = ["protocol", "split", "experiment", "samples", *columns, "mean ± std", "difference [CI]"]
+    # Reports without baselines (none has a strongest) keep the table they had.
+    strongest = any(r.get("strongest") for r in comparison["rows"])
+    if strongest:
+        header.append("strongest simple answer: model - it [CI], wins")
     tables = []
     for stage in sorted({r["stage"] for r in comparison["rows"]}):
         rows = sorted(
@@ -319,9 +494,10 @@ def runs_tables(comparison: dict, *, markup: bool = True) -> dict:
             cells = [r["protocol"], r["split"], r["experiment"], str(r["samples"])]
             cells += [_fmt(r["per_seed"].get(s)) for s in seeds]
             cells += [f"{_fmt(r['mean'])}{std}", _difference(r, baseline)]
+            cells += [_strongest_cell(r)] if strongest else []
             laid.append({"split": r["split"], "experiment": r["experiment"], "cells": cells})
         tables.append({"stage": stage, "rows": laid})
-    return {"notes": notes, "header": header, "tables": tables}
+    return {"notes": notes, "header": header, "tables": tables, "headlines": runs_headlines(comparison)}
 
 
 def read_run_comparison(path: Path) -> dict:

@@ -2,9 +2,10 @@
 
 - `plot_curves`: one PNG per stage from results/stage<n>/metrics.jsonl (training loss, val PSNR
   and samples/s per epoch; a resumed run's repeated epochs count once, the last line wins).
-- `evaluation_tables`: one HTML page of every results/eval/stage<n>.json: each protocol's setup,
-  mean metrics per protocol and method, paired differences stage - baseline with standard
-  errors, and PSNR per cloud class (optionally the same tables as Markdown).
+- `evaluation_tables`: one HTML page of every results/eval/stage<n>.json, opening with each stage
+  against the strongest simple answer per protocol (and the context policy's fallbacks, counted);
+  then each protocol's setup, mean metrics per protocol and method, paired differences stage -
+  baseline with standard errors, and PSNR per cloud class (optionally the same as Markdown).
 - `accounting`: wall time of every job from benchmarks/<rule>/*.tsv (column `s`), with
   CPU-hours = threads x hours and GPU-hours = gpus x nodes x hours from the rule's resources
   entry (the config key is the rule's name; a rule without one counts as 1 thread, no GPU, and is named on the page), per rule and per stage, as TSV and HTML.
@@ -103,14 +104,19 @@ def plot_curves(metrics: Path, out: Path, *, title: str) -> None:
 
 
 def evaluation_tables(reports: list[Path], out: Path, *, markdown: Path | None = None) -> None:
-    """One HTML page with every stage's evaluation: each protocol's setup, means per protocol and
-    method, paired differences stage - baseline (mean ± SE, per cloud class), PSNR per cloud class.
+    """One HTML page with every stage's evaluation. It opens with each stage against the strongest
+    simple answer, per protocol (scoring.headline: the paired difference from the baseline of the
+    highest mean PSNR, its interval, the samples won, and whether the stage beats it), with the
+    context policy's fallbacks counted where there are any; then, per stage, each protocol's setup,
+    means per protocol and method, paired differences stage - baseline (mean ± SE, per cloud
+    class), PSNR per cloud class.
 
-    `markdown`: the same tables as Markdown (what the README's tables are pasted from).
+    `markdown`: the same as Markdown (what the README's and docs' tables are pasted from).
     """
     from vcloud.evaluation import scoring  # torch: only where evaluation tables are made
+    from vcloud.evaluation.compare import fallbacks, strongest_of
 
-    sections, texts = [], []
+    sections, texts, opening = [], [], []
     for path in reports:
         try:
             report = json.loads(Path(path).read_text())
@@ -118,6 +124,12 @@ def evaluation_tables(reports: list[Path], out: Path, *, markdown: Path | None =
             stage = report["stage"]
         except (OSError, ValueError, KeyError) as err:
             raise BadInputError(f"{path}: not an evaluation report ({err})") from err
+        for protocol, result in protocols.items():
+            # A report of before `strongest`: the same, from its per-sample values (compare.strongest_of).
+            line = scoring.headline({"strongest": strongest_of(result)})
+            counted = fallbacks(result)
+            if line or counted:
+                opening.append(f"stage {stage}, {protocol}: " + "; ".join(t for t in (line, counted) if t))
         class_rows = []
         for protocol, result in protocols.items():
             for method in scoring.METHODS:
@@ -132,16 +144,38 @@ def evaluation_tables(reports: list[Path], out: Path, *, markdown: Path | None =
             + _table(["protocol", "method", "cloud class", "samples", "PSNR dB"], class_rows, left=3)
         )
         texts.append(f"## stage {stage} ({path})\n\n{scoring.table(report)}\n")
-    body = (
-        "<p>Metrics on the S2 0..1 scale (PSNR dB, SAM degrees). fixed: seeded synthetic thin/thick/opaque "
-        "clouds on clear dates; reference: least-cloudy date = truth, the T input dates nearest to it; "
-        "uncrtaints: the published protocol (the reference loader's fixed sampler). 'model' is the stage "
-        "itself; the baselines are on the same samples. Differences are model - baseline with the paired "
-        "standard error over samples and, for PSNR, the one clustered by location.</p>" + "".join(sections)
-    )
+    top = ""
+    if opening:
+        items = "".join(f"<li>{html.escape(line)}</li>" for line in opening)
+        top = f'<h2>Against the strongest simple answer</h2><ul id="strongest">{items}</ul>'
+        texts.insert(0, "## Against the strongest simple answer\n\n" + "".join(f"- {x}\n" for x in opening))
+    body = top + f"<p>{html.escape(EVALUATION_NOTE)}</p>" + "".join(sections)
     atomic_write_text(out, _page("Evaluation", body))
     if markdown is not None:
         atomic_write_text(markdown, "\n".join(texts))
+
+
+# What the evaluation page says of its protocols and baselines (docs/evaluation.md tells it at length).
+EVALUATION_NOTE = (
+    "Metrics on the S2 0..1 scale (PSNR dB, SAM degrees). Protocols: fixed, seeded synthetic "
+    "thin/thick/opaque clouds on clear dates; reference, clear dates of each location as the truth "
+    "(evaluation.reference_truths) and T other dates with their natural clouds as the input; both "
+    "take their input dates by the model's context policy (data.context: nearest, clearest within "
+    "+-window_days, random), record every sample's dates and count the policy's fallbacks; "
+    "uncrtaints, the published protocol (the reference loader's fixed sampler). 'model' is the "
+    "stage itself. Baselines on the same samples: from the model's own input dates, on every "
+    "protocol, least_cloudy_date, median_mosaic and nearest_clear_date; from every date of the "
+    "series but the hidden truth, on fixed and reference only, series_nearest_clear_date, "
+    "series_clear_median and series_least_cloudy (within +-evaluation.series_window_days), "
+    "series_nearest_clear_value (per pixel, the nearest date clear there) and series_mosaic (the "
+    "mean of the clear values of the model's context dates); they keep the truth's pixels that are "
+    "seen (fixed) and fill the rest, so they see at least what the model sees. The strongest "
+    "simple answer is the baseline of the highest mean PSNR on the protocol's samples, chosen after "
+    "the fact (the hardest comparison); its interval is a t interval from the location-clustered "
+    "standard error (per sample when the samples are of one location), and wins count the samples "
+    "the model scores higher. Differences are model - baseline with the paired standard error over "
+    "samples and, for PSNR, the one clustered by location."
+)
 
 
 # --- accounting ---------------------------------------------------------------------------
@@ -158,7 +192,7 @@ class RuleCost:
     gpus: int  # per job: gpus per node x nodes
     assumed: bool = False  # no resources entry: counted with DEFAULT_RESOURCES
     # What the cluster bills per wall hour of one job (entry "billing" of the resources JSON,
-    # computed by vcloud.runtime.lumi.billing from the job's actual resources); None locally.
+    # computed by vcloud.runtime.billing.billing from the job's actual resources); None locally.
     billed_unit: str | None = None  # the site's unit: "GPU-h" or "core-h" (LUMI), "BU-h" (Sigma2), ...
     billed_per_h: float | None = None
 

@@ -5,8 +5,8 @@ A run is one experiment under one seed (vcloud.config.experiments), given as its
 and its resolved model config (`results/<experiment>/seed<k>/model.yaml`, written by
 `vcloud run-config`; a single run's is config.model_config). Where each stage and evaluation of
 a run lies - its own folder, or the folder of the earlier run that made it with the same
-identity - comes from the workflow's own rule (vcloud.workflow.run_paths), so the export reads
-exactly the files the rules wrote. Nothing here imports MLflow (vcloud.export.mlflow_db writes).
+identity - comes from the workflow's own rule (vcloud.config.identities.run_paths), so the export
+reads exactly the files the rules wrote. Nothing here imports MLflow (vcloud.export.mlflow_db writes).
 
 A stage not trained yet (no metrics.jsonl) or not scored yet (no report) is left out and said;
 a file that is there but damaged is refused in one line naming it: a torn or non-JSON line, a
@@ -75,7 +75,7 @@ def collect(specs: list[RunSpec], *, results: str) -> list[RunRecord]:
     the order in which the workflow gives a shared stage to the first run that has it)."""
     from vcloud.config import config_hash, config_to_dict, load_model_config, stage_config_dict
     from vcloud.config.experiments import Run
-    from vcloud.workflow import run_paths
+    from vcloud.config.identities import run_paths
 
     runs, model_sets = [], []
     for spec in specs:

@@ -15,7 +15,12 @@ tag) needs no network, no server and no build step: it opens from file:// as wel
 A research run's viewer (`--comparison results/compare.json --run EXPERIMENT SEED`) also shows
 the section "Experiments compared": vcloud compare's tables, their cells formatted here as in
 results/compare.md (compare.runs_tables), laid out by assets/experiments.js. Those assets are
-inlined only then: a page without a comparison is the same bytes as before it existed.
+inlined only then.
+
+The page opens, above everything, with each shown stage against the strongest simple answer
+(docs/evaluation.md): in a research run the shown experiment's lines of the comparison (over its
+seeds, test split); otherwise those of the stages' evaluation reports when `evaluations` are given
+(evaluation_headlines). viewer.js lays them out; a page without them has no such box.
 """
 
 from __future__ import annotations
@@ -38,7 +43,16 @@ from vcloud.config import load_model_config
 from vcloud.constants import CLOUD_CLASSES, S2_CHANNELS
 from vcloud.errors import ConfigError
 from vcloud.evaluation.baselines import least_cloudy, median_mosaic
-from vcloud.evaluation.compare import read_run_comparison, runs_tables
+from vcloud.evaluation.compare import (
+    STRONGEST,
+    fallbacks,
+    headline,
+    read_evaluation,
+    read_run_comparison,
+    runs_headlines,
+    runs_tables,
+    strongest_of,
+)
 from vcloud.evaluation.metrics import compute_all
 from vcloud.evaluation.predict import build_predictor
 from vcloud.evaluation.protocols import EVAL_SEED, fixed_samples
@@ -116,16 +130,47 @@ def comparison_section(path: Path, *, run: tuple[str, str] | None) -> dict:
     layout = runs_tables(comparison, markup=False)
     who = f"{experiment}, seed {seed}" if seed != "-" else f"{experiment} (the model config's seeds)"
     role = " (the baseline)" if experiment == comparison["baseline"] else ""
+    shown = tuple(stage.number for stage in SHOWN)
+    lines = [line["text"] for line in runs_headlines(comparison, stages=shown) if line["experiment"] == experiment]
     return {
+        "headlines": {
+            "title": STRONGEST,
+            "note": f"Each shown stage of {experiment} over its seeds, on the test split (vcloud compare, {path}).",
+            "lines": lines,
+        },
         "title": "Experiments compared",
         "source": str(path),
         "baseline": comparison["baseline"],
         "decided_on": comparison["decided_on"],
         "run": {"experiment": experiment, "seed": seed},
         "notes": layout["notes"],
+        # every experiment's lines, as results/compare.md opens with them
+        "strongest": [line["text"] for line in layout["headlines"]],
         "shown": f"The samples below are one run's: {who}{role}. The tables are every run's.",
         "header": layout["header"],
         "tables": layout["tables"],
+    }
+
+
+def evaluation_headlines(reports: list[Path]) -> dict:
+    """The page's opening of a run: each shown stage against the strongest simple answer, per
+    protocol, from its evaluation reports (results/eval/stage<n>.json; the words of
+    scoring.headline), with the context policy's fallbacks counted where there are any. Reports of
+    stages the page does not show are left out; BadInputError naming a file that is no report."""
+    shown = {stage.number for stage in SHOWN}
+    lines = []
+    for path in reports:
+        report = read_evaluation(path)
+        if int(report["stage"]) not in shown:
+            continue
+        for protocol, result in report["protocols"].items():
+            parts = [t for t in (headline(strongest_of(result)), fallbacks(result)) if t]
+            if parts:
+                lines.append(f"stage {report['stage']}, {protocol}: " + "; ".join(parts))
+    return {
+        "title": STRONGEST,
+        "note": "Each shown stage on the test split, per protocol (results/eval/stage<n>.json).",
+        "lines": lines,
     }
 
 
@@ -177,19 +222,23 @@ def export_viewer(
     fixed_protocol: Path | None = None,
     comparison: Path | None = None,
     run: tuple[str, str] | None = None,
+    evaluations: list[Path] | None = None,
 ) -> dict:
     """Write out/index.html, out/images/*.png and out/thumbnails.png; return the page's data.
 
     `checkpoints` maps stage numbers to best.pt paths: those of needed_checkpoints();
     `fixed_protocol`: the detection of `vcloud fixed-protocol` for this store and config;
     `comparison`: a research run's results/compare.json, shown above the samples, and `run`
-    (experiment, seed) the run the checkpoints are of (comparison_section)."""
+    (experiment, seed) the run the checkpoints are of (comparison_section); `evaluations`: the
+    shown stages' evaluation reports, whose lines against the strongest simple answer open the page
+    (evaluation_headlines; a research run's come from the comparison)."""
     if samples < 1:
         raise ConfigError(f"--samples: {samples}; the viewer shows at least one sample")
     if run is not None and comparison is None:
         raise ConfigError("--run: names the run of a research run's viewer; give --comparison too")
     # Read before anything is computed or written: a bad file stops the export in one line.
     section = None if comparison is None else comparison_section(comparison, run=run)
+    opening = None if not evaluations else evaluation_headlines(evaluations)
     command = "vcloud export-viewer"
     checkpoints = require_checkpoints(needed_checkpoints(), checkpoints, command=command)
     cfg = load_model_config(config_path)
@@ -252,6 +301,8 @@ def export_viewer(
         }
         if section is not None:
             data["comparison"] = section
+        if opening is not None:
+            data["headlines"] = opening
         if sheet_rows:
             im.write_png(staging / THUMBNAILS, _contact_sheet(sheet_rows))
         else:

@@ -42,7 +42,7 @@ from einops import rearrange
 from torch import nn
 
 from vcloud.config import CFDTConfig, Optimisations
-from vcloud.constants import CLOUD_CHANNEL, OUTPUT_CHANNELS, S2_CHANNELS, SAMPLE_CHANNELS
+from vcloud.constants import CLOUD_CHANNEL, OUTPUT_CHANNELS, S2_CHANNELS, S2CLOUDLESS_KWARGS, SAMPLE_CHANNELS
 from vcloud.models.blocks import (
     Downsample,
     LayerNorm,
@@ -58,6 +58,7 @@ from vcloud.models.grid import token_stride
 from vcloud.models.wind_scan import WindScanMixing
 
 LEVELS = 4  # pyramid levels; the coarsest is H/8 x W/8
+CLEAR_BELOW = S2CLOUDLESS_KWARGS["threshold"]  # the clear prior: a pixel is clear below this probability
 # Clear-sky prior (clear_composite): weight (1 - date cloudiness)^8 * (1 - pixel probability)^1.
 # Untrained, on the default run's 108 fixed-protocol samples: 34.1 dB; date term alone 33.2 (a
 # sharpness of 16: 33.3), the least-cloudy date 33.1. Probabilities are capped at 1 - PRIOR_FLOOR
@@ -348,12 +349,21 @@ class CFDT(nn.Module):
             mlp_ratio=cfg.tmt_mlp_ratio,
         )
         self.wind = WindScanMixing(widths[-1]) if cfg.wind_scan else None
+        self.prior = cfg.prior
         self.decoder = DraftDecoder(widths, out_channels, blocks_per_level=cfg.blocks_per_level)
         # The decoder predicts a correction of the clear-sky composite: start it small, so an
         # untrained draft is already the composite rather than noise.
         with torch.no_grad():
             self.decoder.head[-1].weight.mul_(0.1)
             self.decoder.head[-1].bias.zero_()
+
+    @torch.no_grad()
+    def start_from_composite(self) -> None:
+        """Zero the change gate's and the decoder's last layers: the draft is then exactly
+        clear_composite(x) (no learned date logits, no correction) until training moves them."""
+        for layer in (self.gate.pair_cnn[-1], self.decoder.head[-1]):
+            layer.weight.zero_()
+            layer.bias.zero_()
 
     @torch.no_grad()
     def start_from_autoencoder(self, autoencoder: dict[str, torch.Tensor]) -> int:
@@ -424,7 +434,10 @@ class CFDT(nn.Module):
         fused = rearrange(fused, "b (h w) c -> b c h w", h=h, w=w)
         target_gate = gate[torch.arange(b, device=x.device), target_index]  # (B, 1, H, W)
         correction = self.decoder(fused, skips, target_gate)  # (B, 13, H, W)
-        prior = clear_composite(x, out_channels=self.out_channels, date_logits=gate_logits[:, :, 0])
+        clear_only = target_index if self.prior == "clear" else None
+        prior = clear_composite(
+            x, out_channels=self.out_channels, date_logits=gate_logits[:, :, 0], clear_only=clear_only
+        )
         return prior + correction
 
 
@@ -444,6 +457,7 @@ def clear_composite(
     date_logits: torch.Tensor | None = None,
     date_sharpness: float = PRIOR_DATE_SHARPNESS,
     pixel_sharpness: float = PRIOR_PIXEL_SHARPNESS,
+    clear_only: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-pixel weighted mean of the dates' S2, weighting each date by how clear it is.
 
@@ -461,6 +475,14 @@ def clear_composite(
     logits = date[:, :, None, None] + pixel_sharpness * torch.log1p(-prob)  # (B, T, H, W)
     if date_logits is not None:
         logits = logits + date_logits.float()
+    if clear_only is not None:  # (B,) target slots: the clear prior (CFDTConfig.prior "clear")
+        clear = prob < CLEAR_BELOW  # (B, T, H, W)
+        slots = torch.arange(prob.shape[1], device=prob.device)[None, :, None, None]
+        is_target = slots == clear_only.to(prob.device)[:, None, None, None]  # (B, T, 1, 1)
+        use = clear & ~is_target  # the other dates' clear values: the target is the decoder's to use
+        nowhere = ~use.any(dim=1, keepdim=True)  # clear on no date: the soft weights of every date
+        gate = date_logits.float() if date_logits is not None else torch.zeros_like(prob)
+        logits = torch.where(nowhere, logits, gate.masked_fill(~use, float("-inf")))
     weights = torch.softmax(logits, dim=1)  # (B, T, H, W)
     composite = (weights[:, :, None] * x[:, :, :out_channels].float()).sum(dim=1)  # (B, 13, H, W)
     return composite.to(x.dtype)

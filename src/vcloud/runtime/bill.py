@@ -1,4 +1,5 @@
-"""The bill of a run: every rule times its jobs, by LUMI's formulas, expected and worst case.
+"""The bill of a run: every rule times its jobs, by the site's formula (vcloud.runtime.billing),
+expected and worst case.
 
 Jobs per rule follow the workflow's own fan-out (workflow/rules/*.smk): one `index_archive` per
 archive that holds a ROI to prepare (s1 and s2 of its region's train or `_test` archive), one
@@ -36,12 +37,13 @@ from dataclasses import dataclass
 from vcloud.constants import SPLITS
 from vcloud.errors import ConfigError
 from vcloud.registry import STAGES
-from vcloud.runtime.lumi import Cluster, RuleResources, billing, retries_needed
+from vcloud.runtime.billing import billing
+from vcloud.runtime.cluster import Cluster, RuleResources, retries_needed
 
-# Rules run by snakemake itself on the login node (`localrules:` of workflow/rules/export.smk and
+# Rules run by snakemake itself on the login node (`localrules:` of workflow/rules/report.smk and
 # predict.smk, `localrule: True` in rehearsal.smk; era5_wind has no resources entry): not billed.
 LOCAL_RULES = ("report_curves", "report_tables", "accounting", "rehearsal_summary", "bundle")
-# Rules with a `retries:` directive (train.smk, export.smk, predict.smk); the others have none
+# Rules with a `retries:` directive (train.smk, evaluate.smk, predict.smk); the others have none
 # and the lumi profile sets no global --retries, so they run once.
 RETRIED_RULES = (
     *(stage.train_rule for stage in STAGES),
@@ -132,10 +134,10 @@ def _archive_input(config: dict) -> bool:
 def rule_jobs(config: dict, model_set=None) -> dict[str, tuple[int, str]]:
     """rule -> (jobs, why) for every rule the run may submit (rules of unknown fan-out: one)."""
     from vcloud.config.experiments import research_plan
+    from vcloud.config.identities import research_jobs
     from vcloud.data.archive import archive_for
     from vcloud.data.layout import KINDS, dataset_region
     from vcloud.data.splits import assign_splits
-    from vcloud.workflow import research_jobs
 
     rois, source = rois_to_prepare(config)
     jobs: dict[str, tuple[int, str]] = {}
@@ -290,11 +292,11 @@ def rule_retries(
 
 def training_groups(config: dict) -> dict[str, list[tuple[int, object, str]]]:
     """train rule -> [(jobs, model set, which runs)] of a research config: the runs that train the
-    stage (one per identity: vcloud.workflow.makers), grouped by that stage's epochs and samples
-    per epoch in each run's model set, in table order; {} for a single run (the model set given
+    stage (one per identity: vcloud.config.identities.makers), grouped by that stage's epochs and
+    samples per epoch in each run's model set, in table order; {} for a single run (the model set given
     to the bill)."""
     from vcloud.config.experiments import research_plan
-    from vcloud.workflow import makers
+    from vcloud.config.identities import makers
 
     plan = research_plan(config)
     if plan is None:

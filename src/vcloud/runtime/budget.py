@@ -240,7 +240,7 @@ def _tree_listing(root: Path, *, times: int) -> tuple[int, int, dict]:
 def data_budget(config: dict, model_set=None) -> Budget:
     """Everything the run keeps on disk, per item (paths as configured)."""
     from vcloud.config.experiments import research_plan
-    from vcloud.workflow import research_jobs
+    from vcloud.config.identities import research_jobs
 
     budget = Budget()
     data, paths = config["data"], config["paths"]
@@ -278,7 +278,7 @@ def data_budget(config: dict, model_set=None) -> Budget:
     viewer = config.get("viewer", {}).get("samples", 12) * VIEWER_FILES_PER_SAMPLE + 3
     trained, what = {stage.name: 1 for stage in STAGES}, "checkpoints, metrics, evaluation"
     plan = research_plan(config)
-    if plan is not None:  # experiments x seeds: each stage once per identity (vcloud.workflow.research_jobs)
+    if plan is not None:  # experiments x seeds: each stage once per identity (vcloud.config.identities.research_jobs)
         fan_out = research_jobs(*plan)
         trained = {stage.name: fan_out[stage.train_rule][0] for stage in STAGES}
         what += f" ({sum(trained.values())} stage trainings for {len(plan[0])} runs, experiments x seeds)"

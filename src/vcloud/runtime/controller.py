@@ -113,7 +113,8 @@ def script(
 def controller_bill(job: ControllerJob, cluster) -> str:
     """What the controller's own job costs: it holds its cores while it waits for the rules
     (the local rules run in it too)."""
-    from vcloud.runtime.lumi import RuleResources, billing
+    from vcloud.runtime.billing import billing
+    from vcloud.runtime.cluster import RuleResources
 
     res = RuleResources(
         rule="controller",
@@ -200,8 +201,8 @@ def record_controller(workdir: Path, sbatch_out: str, script_path: Path, *, afte
 
 def submit(*, profile: Path, workdir: Path, snakemake_args: list[str], runtime: int | None = None) -> list[str]:
     """Check, fetch what needs the network, write the script and submit the controller."""
+    from vcloud.runtime.cluster import Cluster
     from vcloud.runtime.doctor import _read_profile
-    from vcloud.runtime.lumi import Cluster
     from vcloud.runtime.profile import load_workflow_config
 
     settings = _read_profile(profile)

@@ -19,13 +19,8 @@ from vcloud.config.workflow import parse_yaml
 from vcloud.constants import MEMORY_MARGIN
 from vcloud.errors import ConfigError
 from vcloud.registry import STAGES
-from vcloud.runtime.lumi import (
-    BILLING_SOURCE,
-    Cluster,
-    RuleResources,
-    billing,
-    retries_needed,
-)
+from vcloud.runtime.billing import billing, formula_text
+from vcloud.runtime.cluster import Cluster, RuleResources, retries_needed
 from vcloud.runtime.profile import profile_command
 
 TRAIN_RULES = tuple(stage.train_rule for stage in STAGES)
@@ -222,11 +217,12 @@ def check_resources(config: dict, cluster: Cluster, report: Report, overrides: d
                 "asks for 2 tasks per node: SLURM refuses more tasks than cores)"
             )
         if part.whole_nodes_on and not part.full_nodes and res.gpus == part.gpus_per_node:
-            per_hour = billing(res, part, cluster).per_hour
+            bill = billing(res, part, cluster)
+            whole = part.whole_nodes_on
             report.warnings.append(
-                f"{where}: all {res.gpus} GCDs of a node on {part.name} cost {per_hour:g} GPU-h/h, the price of "
-                "standard-g, without its CPU binding and with a longer wait for an empty node; use partition "
-                "standard-g (one task per GCD, GCD-affine CPU masks)"
+                f"{where}: all {res.gpus} GCDs of a node on {part.name} cost {bill.per_hour:g} {bill.unit}/h, the "
+                f"price of {whole}, without its CPU binding and with a longer wait for an empty node; use partition "
+                f"{whole} (one task per GCD, GCD-affine CPU masks)"
             )
         if res.rehearse_warning and res.world_size > 1:
             report.errors.append(
@@ -274,16 +270,8 @@ def billed_hours(
         epoch_minutes=epoch_minutes,
     )
     report.errors += [p for p in problems if p not in report.errors]  # check_resubmission may name it
-    if cluster.billing_formula == "lumi":
-        how = (
-            f"{BILLING_SOURCE}; GPU-h: 0.5 per GCD-hour on small-g/dev-g, 4 per node-hour "
-            "on standard-g; core-h on small: max(cores, memory / 2 GB)"
-        )
-    else:
-        verified = "" if cluster.billing_verified else "; formula unverified: an estimate"
-        how = f"{cluster.billing_source}: {cluster.billing_formula} in {cluster.billing_unit}{verified}"
     report.lines.append(
-        f"Bill per rule ({how}): jobs x price x hours, expected "
+        f"Bill per rule ({formula_text(cluster)}): jobs x price x hours, expected "
         "and worst case (retries + 1 attempts at the full wall time):"
     )
     if note := rehearsal_note(config, model_config_path(config)):  # a grid's rehearsal: its one run
@@ -611,7 +599,7 @@ def measured_epoch_minutes(config: dict) -> dict[str, float]:
     paths.results, relative to the working directory), else as a passing rehearsal measured them:
     an EpochMinutes, with the samples per epoch each training rule's epoch time belongs to."""
     from vcloud.runtime.bill import EpochMinutes, epoch_basis
-    from vcloud.runtime.lumi import measured_epoch_minutes as from_lines
+    from vcloud.runtime.cluster import measured_epoch_minutes as from_lines
 
     found = {}
     for stage in STAGES:

@@ -16,7 +16,7 @@ from vcloud.config import fill_defaults, read_yaml, validate_config
 from vcloud.config.workflow import fill_stage_resources
 from vcloud.errors import ConfigError
 from vcloud.io import atomic_write_text
-from vcloud.runtime.lumi import Cluster
+from vcloud.runtime.cluster import Cluster
 from vcloud.runtime.site import apply_site
 
 HEADER = """\

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from vcloud.runtime.lumi import Cluster, RuleResources
+from vcloud.runtime.cluster import Cluster, RuleResources
 
 # SIF global header (apptainer/singularity images): a 32-byte launch line, "SIF_MAGIC\0",
 # a 3-byte version and the 3-byte architecture code of the primary partition.

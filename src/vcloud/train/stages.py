@@ -224,6 +224,9 @@ def stage1(
     if stage0_ckpt is not None:
         copied = model.start_from_autoencoder(load_stage_weights(stage0_ckpt, stage=0))
         log.info("stage 1 starts its encoder's first level from %s (%d tensors)", stage0_ckpt, copied)
+    if cfg.stage1.start_from_composite:
+        model.start_from_composite()
+        log.info("stage 1 starts as the clear-sky composite of its inputs, validated as epoch -1")
 
     def loss(m, batch):
         return F.l1_loss(cfdt_draft(m, batch), batch["target"])
@@ -245,6 +248,7 @@ def stage1(
             loss=loss,
             validate=validate,
             on_epoch_start=on_epoch_start,
+            validate_initial=cfg.stage1.start_from_composite,
         )
     )
 

@@ -1,4 +1,5 @@
-// vcloud viewer of a research run: the section "Experiments compared" above the samples. Inlined
+// vcloud viewer of a research run: the section "Experiments compared" above the samples (opening
+// with every experiment's stages against the strongest simple answer, as results/compare.md). Inlined
 // after viewer.js only when the page has a comparison (vcloud export-viewer --comparison). Every
 // cell comes formatted from Python (vcloud.evaluation.compare.runs_tables, as in
 // results/compare.md); this only lays the tables out.
@@ -26,6 +27,11 @@
   var section = make("section", { id: "experiments", "aria-labelledby": "experiments-title" }, [
     make("h2", { id: "experiments-title", text: comparison.title })
   ]);
+  if (comparison.strongest && comparison.strongest.length) {  // as results/compare.md opens
+    section.appendChild(make("ul", { className: "strongest" }, comparison.strongest.map(function (line) {
+      return make("li", { text: line });
+    })));
+  }
   comparison.notes.forEach(function (note) { section.appendChild(make("p", { className: "note", text: note })); });
   section.appendChild(make("p", { id: "shown-run", text: comparison.shown }));
   comparison.tables.forEach(function (stage) {

@@ -173,8 +173,22 @@
     return params.sample !== undefined && byIndex[Number(params.sample)] ? Number(params.sample) : null;
   }
 
+  // Each shown stage against the strongest simple answer, first thing on the page: the run's
+  // evaluation reports (data.headlines) or, in a research run, the comparison's (formatted in Python).
+  function renderHeadlines() {
+    var opening = data.headlines || (data.comparison && data.comparison.headlines);
+    if (!opening || !opening.lines.length) { return; }
+    var box = make("section", { id: "strongest", "aria-labelledby": "strongest-title" }, [
+      make("h2", { id: "strongest-title", text: opening.title }),
+      make("ul", {}, opening.lines.map(function (line) { return make("li", { text: line }); })),
+      make("p", { className: "note", text: opening.note })
+    ]);
+    $("stretch").parentNode.insertBefore(box, $("about"));
+  }
+
   function init() {
     $("title").textContent = data.title;
+    renderHeadlines();
     $("about").textContent = samples.length + " test samples of " + data.store + " (model set " +
       data.model_set + "); protocol " + data.protocol + ".";
     $("stretch").textContent = "Stretch: " + data.stretch + ".";

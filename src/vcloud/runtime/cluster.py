@@ -1,32 +1,16 @@
-"""LUMI execution: the cluster section of the workflow config turned into SLURM resources,
-container bind lists and launch commands.
+"""The cluster model: the `cluster` section of the workflow config as typed values (a site's
+facts from config/sites/<site>.yaml beneath the run's account and budget: vcloud.runtime.site),
+and one rule's resources (its resources entry after `--set-resources`).
 
+Every fact of a site comes from its site file; nothing here is any one site's. What the site
+bills is vcloud.runtime.billing, the SLURM requests and launch lines vcloud.runtime.slurm.
 Host-side only (it runs where snakemake parses the Snakefile, on a login node): no torch,
-no numpy. The bind list and the GCD-affine CPU masks are defined once, in the `cluster`
-section of config/lumi.yaml, and everything else (the generated profile, the rule
-resources, the multi-node srun line, `vcloud doctor`) is derived from it.
-
-Launch paths, chosen by a rule's resources (`gpus` per node, `nodes`):
-- no cluster section (laptop): the command as is, or `torchrun --standalone` for gpus > 1.
-- a CPU rule on the cluster: snakemake's SLURM jobstep runs it with `srun -n1` and wraps it
-  in `apptainer exec <binds> <image>` (the profile's apptainer-args).
-- a GPU or multi-node rule on the cluster launches itself: it has an `mpi` resource and no
-  container directive, so its shell runs in the batch step on the host and starts its own
-  job step, `srun <geometry> singularity exec <binds> <image> ...`:
-  - one node, one GCD: one task running the command;
-  - one node, G GCDs: one task running `torchrun --standalone --nproc-per-node=G` once;
-  - N nodes: one task per GCD (explicit geometry and GCD-affine CPU masks), rank 0's host
-    from SLURM tools (absent from the container) as SINGULARITYENV_MASTER_ADDR, ranks from
-    SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID (vcloud.train.distributed).
-  Why its own step: SLURM's warning before the time limit (`--signal=USR1@S`, no `B:`) goes
-  to every process of every job step but the batch step. Under the jobstep's `srun -n1`
-  the step also holds snakemake itself, which USR1 kills (measured on the test cluster: step
-  CANCELLED by signal 10 while the trainer was still writing); with its own step only the
-  trainer's processes get the warning and snakemake waits in the batch step.
+no numpy.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shlex
@@ -34,22 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from vcloud.errors import ConfigError
 
-# CPU cores closest to each GCD of a LUMI-G node, in GCD order (seed 003, "Testing affinity"):
-# GCD 0 sits next to cores 49-55, GCD 1 next to 57-63, GCD 2 next to 17-23, and so on. The
-# first core of each group of 8 is reserved for the OS, hence 7 cores (0xfe) per GCD.
-LUMI_CPU_MASKS = (
-    "0xfe000000000000",
-    "0xfe00000000000000",
-    "0xfe0000",
-    "0xfe000000",
-    "0xfe",
-    "0xfe00",
-    "0xfe00000000",
-    "0xfe0000000000",
-)
-
-# Placeholders that must not reach sbatch: the shipped config/lumi.yaml carries one.
-BILLING_SOURCE = "LUMI user guide, docs/runjobs/lumi_env/billing.md"
+# Placeholders that must not reach sbatch: the shipped run files (config/<site>.yaml) carry one.
 _PLACEHOLDER = re.compile(r"X{3,}|CHANGE|<|>|your", re.IGNORECASE)
 
 
@@ -97,7 +66,8 @@ class Partition:
 
 @dataclass(frozen=True)
 class Cluster:
-    """The `cluster` section of the workflow config (config/lumi.yaml)."""
+    """The `cluster` section of the workflow config: the site's facts (config/sites/<site>.yaml)
+    beneath what the run's own section says (config/<site>.yaml: account, budget)."""
 
     name: str
     account: str
@@ -105,29 +75,32 @@ class Cluster:
     pylibs: str | None
     binds: tuple[str, ...]
     containlibs: tuple[str, ...]
-    cpu_masks: tuple[str, ...]
     gpu_hour_budget: float
     partitions: dict[str, Partition]
     jobs: int
     master_port_base: int
+    # The site's own facts, without a default: every site file says them (one site's value is
+    # no other's default).
+    title: str  # the site's name as its users write it (LUMI, Saga)
+    account_pattern: str  # a real account of the site matches it
+    account_example: str
+    vendor: str  # amd: ROCm, RCCL; nvidia: CUDA, NCCL, apptainer --nv
+    gpu_request: str  # gpus: --gpus/--gpus-per-node (cons_tres); gres: --gres=gpu[:type]:N
+    runner: str  # the container command of self-launched steps: singularity | apptainer
+    transport: str  # cxi | ib | unverified
+    billing_formula: str  # lumi | weighted_max | gpu_hours (vcloud.runtime.billing)
+    billing_unit: str  # GPU-h, core-h, BU-h, ...
+    billing_source: str  # where the formula is documented
+    billing_verified: bool = True
+    billing_slices: dict = field(default_factory=dict)  # the lumi formula's slice sizes (billing.slices)
+    cpu_masks: tuple[str, ...] = ()  # GPU-affine CPU masks, one per GPU of a node; none: SLURM places cores
     signal_seconds: int = 300
     restart_minutes: float = 10.0
     spare_retries: int = 2
     env_image: str | None = None  # squashfs venv made by `vcloud image`, bound at /user-software
-    title: str = "LUMI"  # the site's name as its users write it
-    account_pattern: str = r"^project_\d{9}$"
-    account_example: str = "project_465000123"
-    vendor: str = "amd"  # amd: ROCm, RCCL; nvidia: CUDA, NCCL, apptainer --nv
-    gpu_request: str = "gpus"  # gpus: --gpus/--gpus-per-node (cons_tres); gres: --gres=gpu[:type]:N
-    runner: str = "singularity"  # the container command of self-launched steps
     images: dict = field(default_factory=dict)  # CPU architecture -> image (else `image`)
     placement: dict = field(default_factory=dict)  # cpu, gpu, rehearsal partitions; rehearsal_qos
     qos: dict = field(default_factory=dict)  # name -> {max_runtime, max_gpus, max_running, whole_nodes}
-    billing_formula: str = "lumi"  # lumi | weighted_max | gpu_hours
-    billing_unit: str = "GPU-h"
-    billing_source: str = BILLING_SOURCE
-    billing_verified: bool = True
-    transport: str = "cxi"  # cxi | ib | unverified
     unverified: tuple[str, ...] = ()  # keys of the site file that are guesses
     quotas: dict = field(default_factory=dict, compare=False)
     home: str | None = None
@@ -146,6 +119,11 @@ class Cluster:
             raise ConfigError("cluster: pylibs and env_image both set; keep one (env_image: `vcloud image`)")
         partitions = {name: Partition(name=name, **values) for name, values in section["partitions"].items()}
         billing = section.get("billing") or {}
+        where = f"config/sites/{section.get('site') or section['name']}.yaml"
+        formula = _fact(billing, "formula", where, "billing.")
+        slices = dict(billing.get("slices") or {})
+        if formula == "lumi" and not slices:
+            raise ConfigError(f"cluster.billing.slices: the lumi formula needs the site's slice sizes ({where})")
         return cls(
             name=section["name"],
             account=account,
@@ -153,29 +131,30 @@ class Cluster:
             pylibs=_expand(section.get("pylibs"), account),
             binds=tuple(_expand(b, account) for b in section["binds"]),
             containlibs=tuple(section["containlibs"]),
-            cpu_masks=tuple(section.get("cpu_masks") or LUMI_CPU_MASKS),
             gpu_hour_budget=float(section["gpu_hour_budget"]),
             partitions=partitions,
             jobs=int(section.get("jobs", 32)),
             master_port_base=int(section.get("master_port_base", 29500)),
+            title=_fact(section, "title", where),
+            account_pattern=_fact(section, "account_pattern", where),
+            account_example=_fact(section, "account_example", where),
+            vendor=_fact(section, "vendor", where),
+            gpu_request=_fact(section, "gpu_request", where),
+            runner=_fact(section, "runner", where),
+            transport=_fact(section, "transport", where),
+            billing_formula=formula,
+            billing_unit=_fact(billing, "unit", where, "billing."),
+            billing_source=_fact(billing, "source", where, "billing."),
+            billing_verified=bool(billing.get("verified", True)),
+            billing_slices=slices,
+            cpu_masks=tuple(section.get("cpu_masks") or ()),
             signal_seconds=int(section.get("signal_seconds", 300)),
             restart_minutes=float(section.get("restart_minutes", 10)),
             spare_retries=int(section.get("spare_retries", 2)),
             env_image=_expand(section.get("env_image"), account),
-            title=section.get("title", section["name"]),
-            account_pattern=section.get("account_pattern", r"^project_\d{9}$"),
-            account_example=section.get("account_example", "project_465000123"),
-            vendor=section.get("vendor", "amd"),
-            gpu_request=section.get("gpu_request", "gpus"),
-            runner=section.get("runner", "singularity"),
             images={arch: _expand(path, account) for arch, path in (section.get("images") or {}).items()},
             placement=dict(section.get("placement") or {}),
             qos=dict(section.get("qos") or {}),
-            billing_formula=billing.get("formula", "lumi"),
-            billing_unit=billing.get("unit", "GPU-h"),
-            billing_source=billing.get("source") or BILLING_SOURCE,
-            billing_verified=bool(billing.get("verified", True)),
-            transport=section.get("transport", "cxi"),
             unverified=tuple(section.get("unverified") or ()),
             quotas=dict(section.get("quotas") or {}),
             home=section.get("home"),
@@ -263,7 +242,15 @@ def _expand(text: str | None, account: str) -> str | None:
     return None if text is None else text.replace("{account}", account)
 
 
-# --- resources and launch ----------------------------------------------------------------
+def _fact(section: dict, key: str, where: str, prefix: str = "") -> str:
+    """A fact every site file states (no site's value is another's default)."""
+    value = section.get(key)
+    if value is None or value == "":
+        raise ConfigError(f"cluster.{prefix}{key}: missing; the site's file says it ({where})")
+    return value
+
+
+# --- a rule's resources ------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -408,93 +395,7 @@ def _int_override(overrides: dict, name: str, default: int, where: str) -> int:
     return number
 
 
-# --- LUMI billing --------------------------------------------------------------------------
-# LUMI user guide, "Billing policy" (docs/runjobs/lumi_env/billing.md): "A GPU-hour corresponds
-# to the allocation of a full MI250x module (2 GCDs) for one hour." Whole-node GPU partitions
-# (standard-g): 4 GPU-h per node-hour. Partial GPU partitions (small-g, dev-g): 0.5 x max(
-# ceil(cores / 8), ceil(memory / 64 GB), GCDs) per hour. CPU partitions: core-hours, on partial
-# nodes (small) max(cores, ceil(memory / 2 GB)), on whole nodes (standard) 128 per node-hour.
-# Memory counts in SLURM's units (1 GB = 1024 MB), as requested with --mem.
-_CORES_PER_GCD_SLICE = 8  # 64 cores / 8 GCDs of a LUMI-G node
-_MEM_PER_GCD_SLICE_MB = 64 * 1024  # 512 GB / 8 GCDs
-_MEM_PER_CORE_MB = 2 * 1024  # LUMI-C: 256 GB / 128 cores
-_CORES_PER_CPU_NODE = 128
-
-
-@dataclass(frozen=True)
-class Billing:
-    unit: str  # "GPU-h" or "core-h"
-    per_hour: float  # billed units per wall hour
-    formula: str  # how per_hour was found, with the job's numbers
-
-    def hours(self, wall_hours: float) -> float:
-        return self.per_hour * wall_hours
-
-
-def billing(res: RuleResources, part: Partition, cluster: Cluster | None = None) -> Billing:
-    """What the site bills per wall hour for a job of these resources on this partition: the
-    partition's own formula where it has one (billing_weights: Sigma2's weighted maximum),
-    else the site's (LUMI's slices without a cluster). An unverified formula says so."""
-    formula = cluster.billing_formula if cluster is not None else "lumi"
-    if part.billing_weights:
-        formula = "weighted_max"
-    if formula == "lumi":
-        bill = lumi_billing(res, part)
-    elif formula == "weighted_max":
-        bill = weighted_max_billing(res, part, unit=cluster.billing_unit if cluster else "BU-h")
-    else:  # gpu_hours: a GPU-hour quota (Olivia's accel); a CPU partition then in core-hours
-        gpus = res.gpus * res.nodes
-        bill = (
-            Billing("GPU-h", float(gpus), f"{gpus} GPUs")
-            if part.gpus_per_node
-            else Billing("core-h", float(res.cores), f"{res.cores} cores")
-        )
-    if cluster is not None and not cluster.billing_verified:
-        bill = replace(bill, formula=f"{bill.formula}; formula unverified: an estimate")
-    return bill
-
-
-def weighted_max_billing(res: RuleResources, part: Partition, *, unit: str) -> Billing:
-    """Sigma2: units per hour = max(CPUs x cpu, memory GiB x mem_gib, GPUs x gpu), of what the
-    job asks for (documentation.sigma2.no, jobs/projects_accounting)."""
-    weights = part.billing_weights or {}
-    cpus = res.cores
-    mem_gib = res.mem_mb * res.nodes / 1024
-    gpus = res.gpus * res.nodes
-    terms = {
-        "CPUs": cpus * weights.get("cpu", 1),
-        "GiB": mem_gib * weights.get("mem_gib", 0),
-        "GPUs": gpus * weights.get("gpu", 0),
-    }
-    shown = ", ".join(f"{value:g} for {name}" for name, value in terms.items())
-    return Billing(unit, round(max(terms.values()), 6), f"max({shown})")
-
-
-def lumi_billing(res: RuleResources, part: Partition) -> Billing:
-    """What LUMI bills per wall hour for a job of these resources on this partition."""
-    if part.gpus_per_node:
-        if part.full_nodes:
-            per_node = part.gpus_per_node / 2  # 2 GCDs per MI250X module
-            return Billing("GPU-h", per_node * res.nodes, f"{per_node:g} x {res.nodes} nodes")
-        gcds = res.gpus * res.nodes
-        cores = math.ceil(res.cores / _CORES_PER_GCD_SLICE)
-        mem = math.ceil(res.mem_mb * res.nodes / _MEM_PER_GCD_SLICE_MB)
-        return Billing(
-            "GPU-h", 0.5 * max(cores, mem, gcds), f"0.5 x max({cores} core slices, {mem} memory slices, {gcds} GCDs)"
-        )
-    if part.full_nodes:
-        return Billing("core-h", _CORES_PER_CPU_NODE * res.nodes, f"{_CORES_PER_CPU_NODE} x {res.nodes} nodes")
-    mem = math.ceil(res.mem_mb * res.nodes / _MEM_PER_CORE_MB)
-    return Billing("core-h", max(res.cores, mem), f"max({res.cores} cores, {mem} x 2 GB)")
-
-
 # --- wall-time warning and resubmission ----------------------------------------------------
-
-
-def signal_option(seconds: int) -> str:
-    """sbatch option for SIGUSR1 `seconds` before the time limit, to every job step (no `B:`:
-    the batch shell is snakemake's jobstep, the trainer runs in the rule's own step)."""
-    return f"--signal=USR1@{seconds}"
 
 
 def retries_needed(
@@ -519,8 +420,6 @@ def retries_needed(
 def measured_epoch_minutes(metrics_lines: list[str]) -> float | None:
     """Median minutes per epoch of a stage's metrics.jsonl (wall_time between rows, else
     epoch_s), or None when nothing usable was logged yet."""
-    import json
-
     rows = []
     for line in metrics_lines:
         try:
@@ -543,148 +442,3 @@ def measured_epoch_minutes(metrics_lines: list[str]) -> float | None:
         return None
     values.sort()
     return values[len(values) // 2] / 60
-
-
-def per_gcd_tasks(res: RuleResources, cluster: Cluster | None) -> bool:
-    """One task per GCD with GCD-affine CPU masks: several nodes, or a whole node of a
-    whole-node partition (LUMI binds CPUs only on full-node allocations)."""
-    if cluster is None or not res.gpus:
-        return False
-    part = cluster.partitions.get(res.partition)
-    return res.multinode or (part is not None and part.full_nodes and res.gpus > 1)
-
-
-def self_launched(res: RuleResources, cluster: Cluster | None) -> bool:
-    """GPU and multi-node rules on a cluster start their own job step (see the module doc)."""
-    return cluster is not None and (res.gpus > 0 or res.multinode)
-
-
-def slurm_resources(res: RuleResources, cluster: Cluster | None) -> dict:
-    """Keyword arguments for a rule's `resources:` (SLURM executor plugin names).
-
-    Local runs ignore the slurm_* names; the account comes from the cluster section (without
-    one, the plugin takes the user's default account). Never tasks_per_gpu or tasks on a GPU
-    job: plugins before 2.7.1 turned that into --ntasks-per-gpu, one torchrun per GCD.
-    """
-    out: dict = {"runtime": res.runtime, "mem_mb": res.mem_mb, "slurm_partition": res.partition}
-    if cluster is not None:
-        out["slurm_account"] = cluster.account
-    gres = cluster is not None and cluster.gpu_request == "gres"
-    if res.gpus and gres:
-        # --gres=gpu[:type]:N per node and plain CPUs: what a site without select/cons_tres
-        # takes (--gpus and --cpus-per-gpu need it). The self-launched step needs >= 2 tasks
-        # per node (below): one core each, so the job holds exactly gpus x cpus_per_gpu cores.
-        out["gres"] = gres_string(res, cluster)
-        out["cpus_per_task"] = 1
-    elif res.gpus:
-        out["gpu"] = res.gpus * res.nodes  # --gpus=N in total
-        out["cpus_per_gpu"] = res.cpus_per_gpu
-    else:
-        out["cpus_per_task"] = res.threads
-    if res.qos:
-        out["qos"] = res.qos
-    if res.multinode:
-        out["nodes"] = res.nodes
-    if self_launched(res, cluster):
-        # The rule's shell runs in the batch step and calls srun itself (launch_prefix). The
-        # plugin wants more than one task per node for an mpi job; one-task launches use
-        # fewer tasks than the allocation allows, which SLURM permits.
-        out["mpi"] = "srun"
-        cores = res.gpus * res.cpus_per_gpu if res.gpus else res.threads
-        out["tasks_per_node"] = max(cores if gres and res.gpus else _tasks_per_node(res, cluster), 2)
-        out["slurm_extra"] = signal_option(cluster.signal_seconds)
-    if cluster is not None:
-        part = cluster.partitions.get(res.partition)
-        if part is not None and part.max_running:
-            out[part.job_resource] = 1
-    return out
-
-
-def _tasks_per_node(res: RuleResources, cluster: Cluster | None, tasks_per_node: int | None = None) -> int:
-    if tasks_per_node:
-        return tasks_per_node
-    return res.gpus if per_gcd_tasks(res, cluster) else 1
-
-
-def gres_string(res: RuleResources, cluster: Cluster) -> str:
-    """gpu:N or gpu:<type>:N (GPUs per node) for --gres, typed where the site's partition is."""
-    gpu = cluster.gpu_of(res.partition)
-    kind = f"gpu:{gpu.gres_type}" if gpu is not None and gpu.gres_type else "gpu"
-    return f"{kind}:{res.gpus}"
-
-
-def gpu_option(res: RuleResources, cluster: Cluster) -> str:
-    """The self-launched step's GPU request, in the form the site takes."""
-    if cluster.gpu_request == "gres":
-        return f"--gres={gres_string(res, cluster)}"
-    return f"--gpus-per-node={res.gpus}"
-
-
-def uses_container(res: RuleResources, cluster: Cluster | None) -> bool:
-    """Snakemake wraps the rule in apptainer, except self-launched rules (they srun into it)."""
-    return cluster is not None and not self_launched(res, cluster)
-
-
-def torchrun(gpus: int) -> str:
-    return f"torchrun --standalone --nnodes=1 --nproc-per-node={gpus} --no-python"
-
-
-def launch_prefix(res: RuleResources, cluster: Cluster | None) -> str:
-    """What goes before a rule's `vcloud ...` command to start one process per GPU."""
-    if cluster is None:
-        if res.multinode:
-            raise ConfigError(
-                f"resources.{res.rule}.nodes: {res.nodes} nodes need a cluster section (config/lumi.yaml)"
-            )
-        return torchrun(res.gpus) if res.gpus > 1 else ""
-    if not self_launched(res, cluster):
-        return ""
-    return step_prefix(res, cluster)
-
-
-def step_prefix(res: RuleResources, cluster: Cluster, *, tasks_per_node: int | None = None) -> str:
-    """srun + singularity exec of a self-launched rule, run by the batch step on the host.
-
-    The SLURM jobstep strips SLURM_* (but SLURM_JOB_ID) before it runs this line, so the
-    node list comes from squeue, not $SLURM_NODELIST; every count is explicit for the same
-    reason (a step inherits nothing from the allocation's options).
-    """
-    tasks = _tasks_per_node(res, cluster, tasks_per_node)
-    geometry = [f"--nodes={res.nodes}", f"--ntasks-per-node={tasks}"]
-    if res.gpus and (per_gcd_tasks(res, cluster) or tasks_per_node):
-        masks = cluster.cpu_masks[:tasks]
-        if len(masks) < tasks:
-            raise ConfigError(
-                f"cluster.cpu_masks: {len(cluster.cpu_masks)} masks for {tasks} tasks per node ({res.rule})"
-            )
-        geometry += [gpu_option(res, cluster), f"--cpu-bind=mask_cpu:{','.join(masks)}"]
-    elif res.gpus:  # one task holding every GCD and core of the allocation
-        geometry += [gpu_option(res, cluster), f"--cpus-per-task={res.gpus * res.cpus_per_gpu}"]
-    else:
-        geometry += [f"--cpus-per-task={res.threads}"]
-    exports = [f"export {k}={shlex.quote(v)}" for k, v in cluster.container_env().items()]
-    if res.multinode or tasks > 1:
-        nodelist = '$(squeue -h -j "$SLURM_JOB_ID" -o %N)'
-        exports += [
-            f'export SINGULARITYENV_MASTER_ADDR="$(scontrol show hostnames "{nodelist}" | head -n1)"',
-            f"export SINGULARITYENV_MASTER_PORT=$(({cluster.master_port_base} + SLURM_JOB_ID % 1000))",
-            "export APPTAINERENV_MASTER_ADDR=$SINGULARITYENV_MASTER_ADDR",
-            "export APPTAINERENV_MASTER_PORT=$SINGULARITYENV_MASTER_PORT",
-        ]
-    # --nv (NVIDIA): the host's driver libraries, on GPU steps only, never on CPU rules.
-    nv = " --nv" if cluster.vendor == "nvidia" and res.gpus else ""
-    image = shlex.quote(cluster.image_for(res.partition))
-    run = f"srun {' '.join(geometry)} {cluster.runner} exec{nv} {cluster.apptainer_args()} {image}"
-    if res.rehearse_warning and res.world_size == 1:
-        # The dev-g rehearsal: SLURM's warning forced early, once per stage (runtime/launch.py).
-        run += f" python3 -m vcloud.runtime.launch --warn-after {res.rehearse_warning}"
-    if res.gpus > 1 and tasks == 1:
-        # torchrun dies of SIGUSR1 (its agent handles TERM/INT/HUP/QUIT only) and takes the
-        # ranks with it mid-save: it starts with USR1 ignored; each rank installs its handler.
-        run += f" python3 -m vcloud.runtime.launch --ignore-usr1 {torchrun(res.gpus)}"
-    return "; ".join([*exports, run])
-
-
-def multinode_prefix(res: RuleResources, cluster: Cluster, *, tasks_per_node: int | None = None) -> str:
-    """The multi-node launch line (one task per GCD); see step_prefix."""
-    return step_prefix(res, cluster, tasks_per_node=tasks_per_node)
