@@ -47,11 +47,11 @@ def _config(root: Path, **data) -> dict:
 def test_each_location_is_one_roi_in_exactly_its_split(folder):
     found = folder_locations(_config(folder))
     # ROI ids by name order, whatever the splits: ROIs9000/1 = bergen, ...
-    assert [(loc.name, loc.split, loc.roi, loc.dates) for loc in found.locations] == [
-        ("bergen", "train", RoiId("ROIs9000", 1), 3),
-        ("bodo", "test", RoiId("ROIs9000", 2), 4),
-        ("oslo", "train", RoiId("ROIs9000", 3), 6),
-        ("tromso", "val", RoiId("ROIs9000", 4), 118),
+    assert [(loc.name, loc.splits, loc.roi, loc.dates) for loc in found.locations] == [
+        ("bergen", ("train",), RoiId("ROIs9000", 1), 3),
+        ("bodo", ("test",), RoiId("ROIs9000", 2), 4),
+        ("oslo", ("train",), RoiId("ROIs9000", 3), 6),
+        ("tromso", ("val",), RoiId("ROIs9000", 4), 118),
     ]
     assert {split: [loc.slug for loc in found.split(split)] for split in ("train", "val", "test")} == {
         "train": ["bergen", "oslo"],
@@ -60,6 +60,7 @@ def test_each_location_is_one_roi_in_exactly_its_split(folder):
     }
     assert found.get("oslo").path == folder / "oslo"  # its tiles are its scenes, all in train
     assert found.times == 118  # every store keeps the longest series, so that the splits assemble
+    assert found.temporal is None  # split by location: every date of a location in its split
 
 
 def _refused(config: dict, message: str) -> None:
@@ -71,9 +72,13 @@ def _refused(config: dict, message: str) -> None:
 def test_a_location_named_twice_is_one_line(folder):
     config = _config(folder)
     config["data"]["locations"]["test"] = ["bodo", "oslo"]
-    _refused(config, "data.locations.test: 'oslo' listed also in data.locations.train; a location belongs to one split")
+    _refused(
+        config,
+        "data.locations.test: 'oslo' listed also in data.locations.train; a location belongs to one split (or give "
+        "data.temporal_split: its dates then split by date ranges)",
+    )
     config["data"]["locations"]["test"] = ["bodo", "bodo"]
-    _refused(config, "data.locations.test: 'bodo' listed twice; a location belongs to one split")
+    _refused(config, "data.locations.test: 'bodo' listed twice")
 
 
 def test_a_location_missing_on_disk_or_without_s2_is_one_line(folder):
@@ -163,6 +168,152 @@ def test_the_schema_names_a_bad_location_key():
     )
     assert errors(source="archive") == "key data.source: 'archive' is not one of ['sen12mscrts', 'folder']"
     assert schema_errors(default, schema) is None  # the default config: no source, no folder, unchanged
+
+
+# --- a temporal split: one location is enough (data.temporal_split) ---------------------------
+
+# 40 dates every 5 days from 2019-03-01 (_location): 2019-03-01 .. 2019-09-12
+TEMPORAL = {"val": ["2019-05-01", "2019-05-31"], "test": ["2019-08-01", "2019-08-31"], "gap_days": 10}
+
+
+def test_with_a_temporal_split_one_location_is_in_every_split(tmp_path):
+    from vcloud.data.splits import temporal_ranges
+
+    _location(tmp_path / "mine", "alta", 40)
+    found = folder_locations(_config(tmp_path / "mine", locations=["alta"], temporal_split=TEMPORAL))
+    assert [(loc.name, loc.splits, loc.roi, loc.dates) for loc in found.locations] == [
+        ("alta", ("train", "val", "test"), RoiId("ROIs9000", 1), 40)
+    ]
+    assert {split: [loc.name for loc in found.split(split)] for split in ("train", "val", "test")} == {
+        "train": ["alta"],
+        "val": ["alta"],
+        "test": ["alta"],
+    }
+    assert found.temporal == temporal_ranges(TEMPORAL)
+
+
+def test_with_a_temporal_split_a_mapping_may_name_a_location_in_several_splits(folder):
+    """oslo (2019-03-01..03-26) trains and tests; tromso (118 dates) is in all three."""
+    temporal = {"val": ["2019-05-01", "2019-05-31"], "test": ["2019-03-01", "2019-03-31"], "gap_days": 10}
+    locations = {"train": ["tromso"], "val": ["tromso"], "test": ["oslo", "tromso"]}
+    found = folder_locations(_config(folder, locations=locations, temporal_split=temporal))
+    assert [(loc.name, loc.splits) for loc in found.locations] == [
+        ("oslo", ("test",)),
+        ("tromso", ("train", "val", "test")),
+    ]
+    assert [loc.name for loc in found.split("test")] == ["oslo", "tromso"]
+    assert [loc.roi for loc in found.locations] == [RoiId("ROIs9000", 1), RoiId("ROIs9000", 2)]
+    locations["test"] = ["oslo", "oslo"]
+    _refused(_config(folder, locations=locations, temporal_split=temporal), "data.locations.test: 'oslo' listed twice")
+
+
+def test_a_list_of_locations_needs_a_temporal_split(tmp_path):
+    _location(tmp_path / "mine", "alta", 40)
+    _refused(
+        _config(tmp_path / "mine", locations=["alta"]),
+        "data.locations: a list puts every location in every split, which needs data.temporal_split (its dates "
+        "split by date ranges); else give {train: [...], val: [...], test: [...]}",
+    )
+    _refused(
+        _config(tmp_path / "mine", locations=[], temporal_split=TEMPORAL),
+        "data.locations: no location; name at least one sub-folder of data.folder",
+    )
+    _refused(
+        _config(tmp_path / "mine", locations=["alta", "narvik"], temporal_split=TEMPORAL),
+        f"data.locations: 'narvik': no folder {tmp_path / 'mine' / 'narvik'}",
+    )
+
+
+def test_a_bad_temporal_split_is_one_line_naming_the_key(tmp_path):
+    _location(tmp_path / "mine", "alta", 40)
+    spec = {**TEMPORAL, "test": ["2019-05-20", "2019-06-30"]}
+    _refused(
+        _config(tmp_path / "mine", locations=["alta"], temporal_split=spec),
+        "data.temporal_split.test: 2019-05-20..2019-06-30 overlaps val 2019-05-01..2019-05-31; keep them more "
+        "than gap_days (10) days apart",
+    )
+
+
+def test_a_temporal_split_beside_another_source_is_one_line(folder):
+    from vcloud.data.locations import folder_source
+
+    with pytest.raises(ConfigError) as err:
+        folder_source({"data": {"source": "sen12mscrts", "temporal_split": TEMPORAL}})
+    assert str(err.value) == (
+        "data.temporal_split: read only with data.source: folder (now sen12mscrts); add data.source: folder or "
+        "remove data.temporal_split"
+    )
+
+
+def test_a_split_that_leaves_a_location_too_few_dates_is_one_line_naming_both(tmp_path):
+    """Each split of each location needs MIN_DATES S2 dates in its range, counted on the file names
+    (a multi-tile location: its tile with the most, as its series length is counted)."""
+    root = tmp_path / "mine"
+    _location(root, "alta", 40)
+    _location(root, "bodo", 12, tiles=("east", "west"))  # 2019-03-01 .. 2019-04-25: none in May
+    config = _config(root, locations=["alta", "bodo"], temporal_split=TEMPORAL)
+    _refused(
+        config,
+        "data.temporal_split.val: 'bodo' has 0 of its 12 S2 dates there (2019-05-01..2019-05-31); each split needs "
+        "at least 2 of every location's (a clear target and another date): move or widen the ranges",
+    )
+    # one date in val: 2019-05-03..05-07 holds only 05-05 of alta's (every 5 days from 03-01)
+    config = _config(root, locations=["alta"], temporal_split={**TEMPORAL, "val": ["2019-05-03", "2019-05-07"]})
+    _refused(
+        config,
+        "data.temporal_split.val: 'alta' has 1 of its 40 S2 dates there (2019-05-03..2019-05-07); each split needs "
+        "at least 2 of every location's (a clear target and another date): move or widen the ranges",
+    )
+    # training: every date but those within 10 days of val and test: alta's 2019-03-01 alone
+    spec = {**TEMPORAL, "val": ["2019-03-16", "2019-04-20"], "test": ["2019-05-01", "2019-09-30"]}
+    _refused(
+        _config(root, locations=["alta"], temporal_split=spec),
+        "data.temporal_split.train: 'alta' has 1 of its 40 S2 dates there (every date but 2019-03-06..2019-04-30, "
+        "2019-04-21..2019-10-10); each split needs at least 2 of every location's (a clear target and another date): "
+        "move or widen the ranges",
+    )
+    # a tile without val dates beside one with them: the location has its dates there
+    _location(root, "east", 40, tiles=("a",))
+    for day in range(2):  # tile b: two dates only, in March
+        path = root / "east" / "b" / "S2" / f"T32TQM_201903{day + 1:02d}.tif"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+    assert [
+        loc.dates for loc in folder_locations(_config(root, locations=["east"], temporal_split=TEMPORAL)).locations
+    ] == [40]
+
+
+def test_the_schema_takes_a_temporal_split_and_names_a_bad_key():
+    import copy
+    import datetime as dt
+
+    import yaml
+
+    from vcloud.config.workflow import schema_errors
+
+    schema = yaml.safe_load(SCHEMA.read_text())
+    default = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+
+    def errors(**data):
+        config = copy.deepcopy(default)
+        config["data"].update({"source": "folder", "folder": "mine", **data})
+        return schema_errors(config, schema)
+
+    dates = {"val": [dt.date(2019, 5, 1), dt.date(2019, 5, 31)], "test": ["2019-08-01", "2019-08-31"]}
+    assert errors(locations=["alta"], temporal_split={**dates, "gap_days": 10}) is None  # YAML dates or text
+    assert (
+        errors(locations=["alta"], temporal_split={**dates, "gap_days": 10, "train": ["2019-01-01", "2019-04-01"]})
+        is None
+    )
+    assert errors(locations=["alta"], temporal_split=dates) == "missing key data.temporal_split.gap_days"
+    assert errors(locations=["alta"], temporal_split={**dates, "gap_days": -1}) == (
+        "key data.temporal_split.gap_days: -1 is less than the minimum of 0"
+    )
+    assert errors(locations=["alta"], temporal_split={**dates, "gap_days": 1, "holdout": []}) == (
+        "unknown key data.temporal_split.holdout (allowed: gap_days, test, train, val)"
+    )
+    assert errors(locations=["a b"]) == "key data.locations.0: 'a b' does not match '^[A-Za-z0-9][A-Za-z0-9_.-]*$'"
+    assert errors(locations=[]) == "key data.locations: [] should be non-empty"
 
 
 # --- the protocols on your own imagery --------------------------------------------------------

@@ -34,6 +34,7 @@ def store(tiny_raw_master, tmp_path_factory):
 
 def test_dates_without_s1_are_chosen_as_inputs(store):
     from vcloud.apply.plan import plan_jobs, read_batch, roi_names
+    from vcloud.data.series import choose_context
     from vcloud.data.shards import ShardReader
 
     reader = ShardReader(store)
@@ -44,8 +45,11 @@ def test_dates_without_s1_are_chosen_as_inputs(store):
     for job in jobs:
         others = [t for t in job.inputs if t != job.time]
         assert len(set(job.inputs)) == 3, job  # 4 dates with S2: no date repeated, the target least of all
-        candidates = [t for t in range(reader.valid_s2.shape[1]) if t != job.time]
-        assert sorted(cover[job.location, others]) == sorted(cover[job.location, candidates])[:2]
+        days = reader.date_s2[job.location].astype("datetime64[D]").astype(np.int64)
+        chosen = choose_context(
+            days, cover[job.location], reader.valid_s2[job.location], job.time, 3, policy="clearest", window_days=30
+        )
+        assert job.inputs == chosen.dates and job.fallback == chosen.fallback  # the context policy, S1 or not
         assert not reader.valid_s1[job.location, others].all()  # at most one of the others has S1
     target_with_s1 = next(j for j in jobs if j.time == WITH_S1)  # before: its only context was itself
     assert not reader.valid_s1[target_with_s1.location, [t for t in target_with_s1.inputs if t != WITH_S1]].any()

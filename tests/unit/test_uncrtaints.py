@@ -13,6 +13,7 @@ import torch
 from vcloud.constants import SAMPLE_CHANNELS
 from vcloud.data.store import open_store, write_locations
 from vcloud.errors import BadInputError
+from vcloud.evaluation.series_baselines import NAMES as SERIES_NAMES
 from vcloud.evaluation.uncrtaints import (
     PairEntry,
     UncrtaintsSamples,
@@ -395,9 +396,13 @@ def test_vcloud_evaluate_reports_the_protocol_its_samples_baselines_and_paired_e
     assert setup["samples"] == result["samples"] == 4 and setup["target_in_inputs"] == 3
     assert setup["skipped"] == ["ROIs1868_73_p2: date index 1 selected but unusable (image missing or bad)"]
     assert report["protocols"]["fixed"]["protocol"]["dates"] == 2  # the model config's data.input_dates
-    for protocol in report["protocols"].values():  # the three baselines on every protocol's samples
-        assert {"least_cloudy_date", "median_mosaic", "nearest_clear_date"} <= set(protocol)
-        assert set(protocol["paired"]) == {"least_cloudy_date", "median_mosaic", "nearest_clear_date"}
+    inputs = {"least_cloudy_date", "median_mosaic", "nearest_clear_date"}
+    for name, protocol in report["protocols"].items():  # the three input baselines on every protocol's samples
+        assert inputs <= set(protocol)
+        # ours add the series baselines (evaluation/series_baselines.py); the published one keeps its three
+        series = set(SERIES_NAMES) if name != "uncrtaints" else set()
+        assert set(protocol["paired"]) == inputs | series
+        assert protocol["strongest"]["baseline"] in inputs | series
     # the paired difference is stats.py's on the stored per-sample values, and the textbook one
     model, nearest = result["model"]["per_sample"]["psnr"], result["nearest_clear_date"]["per_sample"]["psnr"]
     paired = result["paired"]["nearest_clear_date"]["overall"]["psnr"]

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 # Each runs a benchmark script end to end (20-60 s apiece here): the slow tier.
@@ -116,3 +117,25 @@ def test_extent_benchmark_gives_time_per_km2_against_the_forward_floor(tmp_path)
     assert result["patches"] == 16 and result["km2"] == 0.56  # rows 0, 16, 32, 48; columns 0, 16, 32, 38
     for key in ("prepare_s_per_km2", "predict_s_per_km2", "forward_floor_s", "predict_over_floor"):
         assert result[key] > 0, key
+
+
+def test_the_real_series_benchmark_trains_and_scores_against_every_simple_answer(real_location, tmp_path):
+    """bench_realdata.py on the shared real series: prepared, split in time, stages 0 and 1 trained
+    for one short epoch, scored on val and test, each opening with the strongest simple answer."""
+    tiny = ["stage0.train.epochs=1", "stage1.train.epochs=1", "data.samples_per_epoch=8", "data.val_samples=4"]
+    result = _bench("bench_realdata.py", "--work", str(tmp_path), "--seeds", "0", "--design", "tiny", *tiny)
+    assert result["split"]["gap_days"] == 30
+    stage1 = result["designs"]["tiny"]["stages"]["stage1"]
+    for split in ("val", "test"):
+        for protocol in ("fixed", "reference"):
+            scored = stage1[split][protocol]
+            assert scored["samples"] > 0 and "series_clear_median" in scored["psnr"]
+            assert scored["strongest"]["baseline"] in scored["psnr"]
+            assert scored["headline"].startswith(f"model - {scored['strongest']['baseline']} (the strongest simple")
+    # the temporal split: val and test each hold only their own dates
+    from vcloud.data.shards import ShardReader
+
+    for split, (first, last) in (("val", result["split"]["val"]), ("test", result["split"]["test"])):
+        reader = ShardReader(tmp_path / f"{split}.zarr")
+        kept = reader.date_s2[reader.valid_s2].astype("datetime64[D]")
+        assert kept.min() >= np.datetime64(first) and kept.max() <= np.datetime64(last)

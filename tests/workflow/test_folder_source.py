@@ -4,6 +4,7 @@ folder of four locations in the plain-folder layout (tests/workflow/folder_locat
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 import numpy as np
@@ -115,6 +116,84 @@ def test_a_bad_location_stops_the_dry_run_in_one_line(tmp_path, change, message)
     assert proc.returncode != 0
     assert message in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+# --- one location is enough: val and test as date ranges of it (data.temporal_split) ----------
+
+# YAML dates, as a user writes them unquoted; alpha: 24 dates every 15 days from 2018-01-05
+TEMPORAL = {"val": [dt.date(2018, 6, 1), dt.date(2018, 7, 31)], "test": [dt.date(2018, 10, 1), dt.date(2018, 12, 31)]}
+
+
+def _one_location(folder):
+    s2 = folder / "alpha" / "S2"
+    s2.mkdir(parents=True)
+    for step in range(24):
+        (s2 / f"T32TQM_{dt.date(2018, 1, 5) + dt.timedelta(days=15 * step):%Y%m%d}.tif").write_bytes(b"")
+    return folder
+
+
+def test_one_location_plans_three_splits_of_its_dates(tmp_path):
+    folder = _one_location(tmp_path / "mine")
+    config = _config(tmp_path, folder, locations=["alpha"], temporal_split={**TEMPORAL, "gap_days": 20})
+    jobs = _jobs(run(["-n", "-p", *config], cwd=tmp_path).stdout)
+    rules = [job["rule"] for job in jobs]
+    assert rules.count("prepare_roi") == 1 and rules.count("assemble_split") == 3, rules
+    # every split assembles the one location's store, with the split's dates: training's all but
+    # those within 20 days of val and test
+    flags = {
+        "train": "--drop 2018-05-12 2018-08-20 --drop 2018-09-11 2019-01-20",
+        "val": "--keep 2018-06-01 2018-07-31",
+        "test": "--keep 2018-10-01 2018-12-31",
+    }
+    shells = sorted(job["shell"] for job in jobs if job["rule"] == "assemble_split")
+    assert shells == sorted(
+        f"vcloud assemble --out results/prepared/{split}.zarr {flags[split]} results/prepared/rois/alpha.zarr "
+        f"> logs/assemble_split/{split}.log 2>&1"
+        for split in flags
+    )
+    # predict (predict.split test) reads the location's test dates only
+    (split,) = [job for job in jobs if job["rule"] == "split_location"]
+    assert split["shell"] == (
+        "vcloud assemble --out results/prepared/test/alpha.zarr --keep 2018-10-01 2018-12-31 "
+        "results/prepared/rois/alpha.zarr > logs/assemble_split/test/alpha.log 2>&1"
+    )
+    (predict,) = [job for job in jobs if job["rule"] == "predict"]
+    assert "--store results/prepared/test/alpha.zarr " in predict["shell"]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"temporal_split": {**TEMPORAL, "test": TEMPORAL["val"], "gap_days": 20}},
+            "data.temporal_split.test: 2018-06-01..2018-07-31 overlaps val 2018-06-01..2018-07-31; keep them more "
+            "than gap_days (20) days apart",
+        ),
+        (
+            {"temporal_split": {**TEMPORAL, "gap_days": 70}},
+            "data.temporal_split.test: 2018-10-01..2018-12-31 starts 62 days after val 2018-06-01..2018-07-31; keep "
+            "them more than gap_days (70) days apart",
+        ),
+        (  # alpha's dates: 06-04 alone in 06-01..06-10
+            {"temporal_split": {**TEMPORAL, "val": [dt.date(2018, 6, 1), dt.date(2018, 6, 10)], "gap_days": 20}},
+            "data.temporal_split.val: 'alpha' has 1 of its 24 S2 dates there (2018-06-01..2018-06-10); each split "
+            "needs at least 2 of every location's",
+        ),
+        ({"temporal_split": TEMPORAL}, "missing key data.temporal_split.gap_days"),
+        (
+            {"temporal_split": None},
+            "data.locations: a list puts every location in every split, which needs data.temporal_split",
+        ),
+    ],
+)
+def test_a_bad_temporal_split_stops_the_dry_run_in_one_line(tmp_path, change, message):
+    folder = _one_location(tmp_path / "mine")
+    change = {key: value for key, value in change.items() if value is not None}
+    proc = run(["-n", *_config(tmp_path, folder, locations=["alpha"], **change)], cwd=tmp_path, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert message in out and "Traceback" not in out
+    assert not (tmp_path / "results").exists() and not (tmp_path / "logs").exists()
 
 
 @pytest.mark.slow  # the whole chain with tiny models: ~2.5 min on the 2-core machine

@@ -124,7 +124,7 @@ rule assemble_split:
     params:
         dates=lambda wildcards: split_date_flags(FOLDER, wildcards.split),
     shell:
-        "vcloud assemble --out {output.store} {params.dates} {input} > {log} 2>&1"
+        "vcloud assemble --out {output.store}{params.dates} {input} > {log} 2>&1"
 
 
 # data.temporal_split: one location's store of one split's dates, what predict reads (the dates
@@ -148,4 +148,4 @@ rule split_location:
     params:
         dates=lambda wildcards: split_date_flags(FOLDER, wildcards.split),
     shell:
-        "vcloud assemble --out {output.store} {params.dates} {input} > {log} 2>&1"
+        "vcloud assemble --out {output.store}{params.dates} {input} > {log} 2>&1"

@@ -201,8 +201,7 @@ def run_assemble(args: argparse.Namespace) -> None:
 
 def _date_ranges(flag: str, pairs: list[list[str]]) -> tuple[tuple[str, str], ...]:
     """--keep/--drop FIRST LAST pairs as ISO dates in order; ConfigError naming the flag otherwise."""
-    import datetime as dt
-
+    from vcloud.data.splits import iso_date
     from vcloud.errors import ConfigError
 
     ranges = []
@@ -210,7 +209,7 @@ def _date_ranges(flag: str, pairs: list[list[str]]) -> tuple[tuple[str, str], ..
         days = []
         for text in (first, last):
             try:
-                days.append(dt.date.fromisoformat(text))
+                days.append(iso_date(text))
             except ValueError:
                 raise ConfigError(f"{flag} {first} {last}: {text} is not a date YYYY-MM-DD") from None
         if days[0] > days[1]:

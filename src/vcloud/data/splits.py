@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from collections.abc import Iterable
 
 from vcloud.constants import SPLITS
@@ -14,6 +15,7 @@ from vcloud.data.store import DateRanges
 from vcloud.errors import ConfigError
 
 TEMPORAL_KEYS = ("val", "test", "gap_days", "train")
+ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
 def assign_splits(rois: Iterable[RoiId], *, test: Iterable[str], val: Iterable[str]) -> dict[str, list[RoiId]]:
@@ -59,7 +61,7 @@ def temporal_ranges(spec, *, key: str = "data.temporal_split") -> dict[str, Date
     (a_name, a), (b_name, b) = sorted(held.items(), key=lambda item: item[1])
     apart = (b[0] - a[1]).days  # days from the earlier range's last date to the later one's first
     if apart <= gap:
-        what = "overlaps" if apart <= 0 else f"starts {apart} days after"
+        what = "overlaps" if apart <= 0 else f"starts {apart} day{'s' * (apart != 1)} after"
         raise ConfigError(
             f"{key}.{b_name}: {b[0]}..{b[1]} {what} {a_name} {a[0]}..{a[1]}; keep them more than gap_days ({gap}) "
             "days apart"
@@ -89,12 +91,21 @@ def _span(spec: dict, name: str, key: str) -> tuple[dt.date, dt.date]:
     try:
         if isinstance(value, str | bytes) or len(value) != 2:
             raise ValueError
-        first, last = (v if type(v) is dt.date else dt.date.fromisoformat(str(v)) for v in value)
+        first, last = (iso_date(v) for v in value)
     except (TypeError, ValueError):
         raise ConfigError(f"{key}.{name}: {_shown(value)} is not [FIRST, LAST], two dates YYYY-MM-DD") from None
     if first > last:
         raise ConfigError(f"{key}.{name}: {first} is after {last} (give [FIRST, LAST])")
     return first, last
+
+
+def iso_date(value) -> dt.date:
+    """A date as YYYY-MM-DD text (or a YAML date); ValueError otherwise (20180101 too, on any Python)."""
+    if type(value) is dt.date:
+        return value
+    if not isinstance(value, str) or not ISO_DATE.match(value):
+        raise ValueError(f"{value!r} is not a date YYYY-MM-DD")
+    return dt.date.fromisoformat(value)
 
 
 def _iso(span: tuple[dt.date, dt.date]) -> tuple[str, str]:
@@ -108,10 +119,11 @@ def _shown(value) -> str:
 
 def split_date_flags(folder, split: str) -> str:
     """`vcloud assemble`'s --keep/--drop for a store of `split` (rules assemble_split and
-    split_location): the split's dates under data.temporal_split; "" (every date) without one.
-    folder: the FolderLocations of data.source folder (data/locations.py), or None."""
+    split_location), after a space: the split's dates under data.temporal_split; "" (every date,
+    the command as without it) otherwise. folder: data.source folder's FolderLocations
+    (data/locations.py), or None."""
     ranges = folder.temporal if folder is not None else None
-    return "" if ranges is None else ranges[split].flags()
+    return "" if ranges is None else " " + ranges[split].flags()
 
 
 def split_location_store(prepared: str, split: str, location: str) -> str:

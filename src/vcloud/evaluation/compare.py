@@ -463,7 +463,8 @@ def runs_tables(comparison: dict, *, markup: bool = True) -> dict:
     """The comparison of runs laid out once for every reader of it (results/compare.md, the
     viewer's "Experiments compared"): {"notes": [what the numbers are, which split decides],
     "header": [...], "tables": [{"stage", "rows": [{"split", "experiment", "cells": [...]}]}],
-    "headlines": runs_headlines(comparison)}, every cell formatted. `markup`: the notes' names in Markdown code and bold (else plain text).
+    "headlines": runs_headlines(comparison)}, every cell formatted. `markup`: the notes' names in
+    Markdown code and bold (else plain text).
     """
     code, strong = (lambda s: f"`{s}`", lambda s: f"**{s}**") if markup else (str, str)
     seeds = [str(s) for s in comparison["seeds"]]

@@ -82,8 +82,8 @@ def evaluate(
 
     def samples_of(dataset, *, ours: bool = False):
         """The protocol's samples as scored: S1 removed (--without-s1), the series baselines on ours."""
-        dataset = WithoutS1(dataset) if without_s1 else dataset
-        return WithSeries(dataset, **series) if ours else dataset
+        dataset = WithSeries(dataset, **series) if ours else dataset  # S2 and cloud only: S1 plays no part
+        return WithoutS1(dataset) if without_s1 else dataset
 
     dates = cfg.data.input_dates
     context = {"context": cfg.data.context.sampler_kwargs(), "series_window_days": series["window_days"]}

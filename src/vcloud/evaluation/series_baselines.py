@@ -3,12 +3,12 @@ hand from every date of the series that the protocol lets a method see.
 
 A sample of the fixed or the reference protocol hides one date, its truth; every other usable date
 of the location is the series (the reconstructed date, when it is another one, with it). The
-composites are made for the truth's day. Where the truth is the reconstructed date under a
-synthetic cloud (the fixed protocol), they fill its pixels that are not seen (cloud probability at
-or above the threshold, as the model is told) and keep the rest, as a user masks clouds and fills
-them; where the truth is another date (the reference protocol), the whole image is filled. The model's own inputs are a few of these dates (its context),
-so a series baseline sees at least what the model sees: the comparison is never flattered by
-giving the simple answers less.
+composites are made for the truth's day, the truth hidden whole (../shared/GAPFILL.md's
+protocol); `clear_median_kept` also keeps the truth's pixels that are seen (cloud probability
+below the threshold, as the model is told) where the truth is the reconstructed date under a
+synthetic cloud (the fixed protocol), as a user masks clouds and fills them. The model's own
+inputs are a few of these dates (its context), so a series baseline sees at least what the model
+sees: the comparison is never flattered by giving the simple answers less.
 
 `WithSeries(dataset)` adds `series` (K, C, H, W), the composites in series.COMPOSITES order, to
 every item; evaluation/scoring.py scores them as `series_<name>` beside the model.
