@@ -143,20 +143,21 @@ def test_locations_without_the_folder_source_are_one_line(folder):
     assert [loc.name for loc in folder_source(_config(folder)).locations] == ["bergen", "bodo", "oslo", "tromso"]
 
 
-def test_the_schema_names_a_bad_location_key():
+def _schema_errors(**data):
+    """The schema's one line for the default config with a folder source and `data` changed."""
     import copy
 
     import yaml
 
     from vcloud.config.workflow import schema_errors
 
-    schema = yaml.safe_load(SCHEMA.read_text())
-    default = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    config = copy.deepcopy(yaml.safe_load((ROOT / "config/config.yaml").read_text()))
+    config["data"].update({"source": "folder", "folder": "mine", **data})
+    return schema_errors(config, yaml.safe_load(SCHEMA.read_text()))
 
-    def errors(**data):
-        config = copy.deepcopy(default)
-        config["data"].update({"source": "folder", "folder": "mine", **data})
-        return schema_errors(config, schema)
+
+def test_the_schema_names_a_bad_location_key():
+    errors = _schema_errors
 
     assert errors(locations={"train": ["a"], "val": ["b"], "test": ["c"]}) is None
     assert errors(locations={"train": ["a"], "test": ["c"]}) == "missing key data.locations.val"
@@ -167,7 +168,12 @@ def test_the_schema_names_a_bad_location_key():
         "key data.locations.train.0: 'a b' does not match '^[A-Za-z0-9][A-Za-z0-9_.-]*$'"
     )
     assert errors(source="archive") == "key data.source: 'archive' is not one of ['sen12mscrts', 'folder']"
-    assert schema_errors(default, schema) is None  # the default config: no source, no folder, unchanged
+    import yaml
+
+    from vcloud.config.workflow import schema_errors
+
+    default = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    assert schema_errors(default, yaml.safe_load(SCHEMA.read_text())) is None  # no source, no folder, unchanged
 
 
 # --- a temporal split: one location is enough (data.temporal_split) ---------------------------
@@ -284,20 +290,9 @@ def test_a_split_that_leaves_a_location_too_few_dates_is_one_line_naming_both(tm
 
 
 def test_the_schema_takes_a_temporal_split_and_names_a_bad_key():
-    import copy
     import datetime as dt
 
-    import yaml
-
-    from vcloud.config.workflow import schema_errors
-
-    schema = yaml.safe_load(SCHEMA.read_text())
-    default = yaml.safe_load((ROOT / "config/config.yaml").read_text())
-
-    def errors(**data):
-        config = copy.deepcopy(default)
-        config["data"].update({"source": "folder", "folder": "mine", **data})
-        return schema_errors(config, schema)
+    errors = _schema_errors
 
     dates = {"val": [dt.date(2019, 5, 1), dt.date(2019, 5, 31)], "test": ["2019-08-01", "2019-08-31"]}
     assert errors(locations=["alta"], temporal_split={**dates, "gap_days": 10}) is None  # YAML dates or text
